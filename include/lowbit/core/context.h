@@ -1,0 +1,53 @@
+// Context: the device a computation runs on, its stream, library handles and workspace.
+// CPU contexts carry no stream; kernels dispatch on the tensors' device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "lowbit/core/device.h"
+
+struct CUstream_st;
+struct cublasLtContext;
+
+namespace lowbit {
+
+class Context {
+ public:
+  // The first GPU if there is one, else the CPU.
+  static Context create_default();
+  explicit Context(Device dev);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  Context(Context&&) noexcept;
+  Context& operator=(Context&&) noexcept;
+
+  Device device() const { return device_; }
+  bool on_gpu() const { return device_.is_cuda(); }
+  CUstream_st* stream() const { return stream_; }   // cudaStream_t; null on the CPU
+  cublasLtContext* cublaslt();                       // created on first use
+  // Scratch memory of at least `bytes`, owned by the context, accounted as workspace.
+  // Valid until the next call that asks for more.
+  void* workspace(size_t bytes);
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  void synchronize() const;
+
+  // Random-number stream state for ops that draw from Philox: each call takes a fresh offset.
+  uint64_t seed() const { return seed_; }
+  void set_seed(uint64_t s) { seed_ = s; next_offset_ = 0; }
+  uint64_t take_rng_offset() { return next_offset_++; }
+
+ private:
+  void release();
+  Device device_;
+  CUstream_st* stream_ = nullptr;
+  cublasLtContext* cublaslt_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  uint64_t seed_ = 0x5EEDu;
+  uint64_t next_offset_ = 0;
+};
+
+}  // namespace lowbit

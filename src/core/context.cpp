@@ -1,0 +1,86 @@
+#include "lowbit/core/context.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "lowbit/core/allocator.h"
+#include "lowbit/core/cuda_check.h"
+
+namespace lowbit {
+
+Context Context::create_default() {
+  return Context(cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu());
+}
+
+Context::Context(Device dev) : device_(dev) {
+  if (dev.is_cuda()) {
+    LOWBIT_USER_CHECK(dev.index < cuda_device_count(),
+                      "GPU {} requested but {} GPU(s) found; pick an index below the count",
+                      dev.index, cuda_device_count());
+    LOWBIT_CUDA_CHECK(cudaSetDevice(dev.index));
+    cudaStream_t s = nullptr;
+    LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    stream_ = s;
+  }
+}
+
+Context::~Context() { release(); }
+
+Context::Context(Context&& o) noexcept { *this = std::move(o); }
+
+Context& Context::operator=(Context&& o) noexcept {
+  if (this != &o) {
+    release();
+    device_ = o.device_;
+    stream_ = std::exchange(o.stream_, nullptr);
+    cublaslt_ = std::exchange(o.cublaslt_, nullptr);
+    workspace_ = std::exchange(o.workspace_, nullptr);
+    workspace_bytes_ = std::exchange(o.workspace_bytes_, 0);
+    seed_ = o.seed_;
+    next_offset_ = o.next_offset_;
+  }
+  return *this;
+}
+
+void Context::release() {
+  if (workspace_ != nullptr) {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    mem_free(device_, workspace_, workspace_bytes_, MemCategory::kWorkspace);
+    workspace_ = nullptr;
+    workspace_bytes_ = 0;
+  }
+  if (cublaslt_ != nullptr) {
+    cublasLtDestroy(cublaslt_);
+    cublaslt_ = nullptr;
+  }
+  if (stream_ != nullptr) {
+    cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+  }
+}
+
+cublasLtContext* Context::cublaslt() {
+  LOWBIT_CHECK(on_gpu(), "cuBLASLt handle requested on a CPU context");
+  if (cublaslt_ == nullptr) LOWBIT_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
+  return cublaslt_;
+}
+
+void* Context::workspace(size_t bytes) {
+  if (bytes > workspace_bytes_) {
+    if (workspace_ != nullptr) {
+      synchronize();  // in-flight work may still read the old buffer
+      mem_free(device_, workspace_, workspace_bytes_, MemCategory::kWorkspace);
+      workspace_ = nullptr;
+      workspace_bytes_ = 0;
+    }
+    workspace_ = mem_alloc(device_, bytes, MemCategory::kWorkspace);
+    workspace_bytes_ = bytes;
+  }
+  return workspace_;
+}
+
+void Context::synchronize() const {
+  if (stream_ != nullptr) LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace lowbit
