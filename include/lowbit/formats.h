@@ -112,8 +112,7 @@ LOWBIT_HD bool minifloat_has_nan(const MiniFloatSpec& s) {
 }
 
 // Code written on overflow (|x| rounds above max, or |x| is inf).
-LOWBIT_HD uint32_t minifloat_overflow_code(const MiniFloatSpec& s, uint32_t sign_bit,
-                                           Overflow ov) {
+LOWBIT_HD uint32_t minifloat_overflow_code(const MiniFloatSpec& s, uint32_t sign_bit, Overflow ov) {
   if (ov == Overflow::kSatFinite || !minifloat_has_nan(s)) return sign_bit | s.max_code;
   if (s.has_inf) return sign_bit | ((s.max_code | ((1u << s.mbits) - 1)) + 1);  // ±inf
   return sign_bit | s.nan_code;  // E4M3: NaN, sign kept
@@ -176,8 +175,7 @@ LOWBIT_HD uint32_t encode_rn(DType t, float x, Overflow ov = Overflow::kSatFinit
 // fp32 → code, stochastic rounding: |x| rounds up to the next representable magnitude with
 // probability (|x| - lo) / (hi - lo), decided by `rbits` (32 uniform random bits). Unbiased
 // up to the 2^-32 truncation of the fraction.
-LOWBIT_HD uint32_t encode_sr(DType t, float x, uint32_t rbits,
-                             Overflow ov = Overflow::kSatFinite) {
+LOWBIT_HD uint32_t encode_sr(DType t, float x, uint32_t rbits, Overflow ov = Overflow::kSatFinite) {
   return minifloat_encode_impl(minifloat_spec(t), x, ov, true, rbits);
 }
 
@@ -216,9 +214,9 @@ LOWBIT_HD uint8_t encode_e8m0(float x, E8M0Rounding r = E8M0Rounding::kCeil,
   const uint32_t a = f32_bits(x) & 0x7FFFFFFFu;
   if (a == 0x7F800000u) return ov == Overflow::kSatFinite ? 0xFE : 0xFF;
   if (a == 0) return 0x00;
-  int e;         // floor(log2 |x|)
-  bool exact;    // |x| is a power of two
-  bool upper;    // |x| >= 1.5 · 2^e
+  int e;       // floor(log2 |x|)
+  bool exact;  // |x| is a power of two
+  bool upper;  // |x| >= 1.5 · 2^e
   if (a >= 0x00800000u) {
     e = static_cast<int>(a >> 23) - 127;
     const uint32_t m = a & 0x7FFFFFu;

@@ -45,7 +45,8 @@ std::string in_use(Device dev) {
   const MemStats s = mem_stats(dev);
   std::string out;
   for (int i = 0; i < kNumMemCategories; ++i) {
-    out += fmt::format("{}{} {:.1f} MiB", i ? ", " : "", mem_category_name(static_cast<MemCategory>(i)),
+    out += fmt::format("{}{} {:.1f} MiB", i ? ", " : "",
+                       mem_category_name(static_cast<MemCategory>(i)),
                        s.by_category[i].current_bytes / 1048576.0);
   }
   return out;

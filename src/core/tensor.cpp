@@ -65,8 +65,8 @@ bool TensorView::is_contiguous() const {
 
 TensorView TensorView::reshape(Shape s) const {
   LOWBIT_CHECK(is_contiguous(), "reshape of a non-contiguous view {}", str());
-  LOWBIT_CHECK(s.numel() == numel(), "reshape {} -> {} changes the element count",
-               shape.str(), s.str());
+  LOWBIT_CHECK(s.numel() == numel(), "reshape {} -> {} changes the element count", shape.str(),
+               s.str());
   return TensorView(data, dtype, s, device);
 }
 
@@ -78,7 +78,8 @@ Tensor Tensor::empty(Shape shape, DType t, Device dev, MemCategory cat) {
   Tensor out;
   const size_t bytes = static_cast<size_t>(dtype_storage_bytes(t, shape.numel()));
   void* p = mem_alloc(dev, bytes, cat);
-  out.storage_ = std::shared_ptr<void>(p, [dev, bytes, cat](void* q) { mem_free(dev, q, bytes, cat); });
+  out.storage_ =
+      std::shared_ptr<void>(p, [dev, bytes, cat](void* q) { mem_free(dev, q, bytes, cat); });
   out.view_ = TensorView(p, t, shape, dev);
   return out;
 }

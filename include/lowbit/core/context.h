@@ -26,8 +26,8 @@ class Context {
 
   Device device() const { return device_; }
   bool on_gpu() const { return device_.is_cuda(); }
-  CUstream_st* stream() const { return stream_; }   // cudaStream_t; null on the CPU
-  cublasLtContext* cublaslt();                       // created on first use
+  CUstream_st* stream() const { return stream_; }  // cudaStream_t; null on the CPU
+  cublasLtContext* cublaslt();                     // created on first use
   // Scratch memory of at least `bytes`, owned by the context, accounted as workspace.
   // Valid until the next call that asks for more.
   void* workspace(size_t bytes);
@@ -36,7 +36,10 @@ class Context {
 
   // Random-number stream state for ops that draw from Philox: each call takes a fresh offset.
   uint64_t seed() const { return seed_; }
-  void set_seed(uint64_t s) { seed_ = s; next_offset_ = 0; }
+  void set_seed(uint64_t s) {
+    seed_ = s;
+    next_offset_ = 0;
+  }
   uint64_t take_rng_offset() { return next_offset_++; }
 
  private:

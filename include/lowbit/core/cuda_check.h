@@ -6,29 +6,28 @@
 
 #include "lowbit/core/error.h"
 
-#define LOWBIT_CUDA_CHECK(expr)                                                        \
-  do {                                                                                 \
-    cudaError_t lowbit_err_ = (expr);                                                  \
-    if (lowbit_err_ != cudaSuccess) {                                                  \
-      ::lowbit::throw_internal(__FILE__, __LINE__,                                     \
-                               std::string(#expr " failed: ") +                        \
-                                   cudaGetErrorName(lowbit_err_) + ": " +              \
-                                   cudaGetErrorString(lowbit_err_));                   \
-    }                                                                                  \
+#define LOWBIT_CUDA_CHECK(expr)                                                                 \
+  do {                                                                                          \
+    cudaError_t lowbit_err_ = (expr);                                                           \
+    if (lowbit_err_ != cudaSuccess) {                                                           \
+      ::lowbit::throw_internal(__FILE__, __LINE__,                                              \
+                               std::string(#expr " failed: ") + cudaGetErrorName(lowbit_err_) + \
+                                   ": " + cudaGetErrorString(lowbit_err_));                     \
+    }                                                                                           \
   } while (0)
 
 // After a kernel launch: catches launch-configuration errors without synchronising.
 #define LOWBIT_CUDA_CHECK_LAUNCH() LOWBIT_CUDA_CHECK(cudaGetLastError())
 
 // cuBLAS / cuBLASLt status (cublasStatus_t); include <cublasLt.h> before using.
-#define LOWBIT_CUBLAS_CHECK(expr)                                                      \
-  do {                                                                                 \
-    auto lowbit_st_ = (expr);                                                          \
-    if (lowbit_st_ != CUBLAS_STATUS_SUCCESS) {                                         \
-      ::lowbit::throw_internal(__FILE__, __LINE__,                                     \
-                               std::string(#expr " failed: cublas status ") +          \
-                                   std::to_string(static_cast<int>(lowbit_st_)));      \
-    }                                                                                  \
+#define LOWBIT_CUBLAS_CHECK(expr)                                                 \
+  do {                                                                            \
+    auto lowbit_st_ = (expr);                                                     \
+    if (lowbit_st_ != CUBLAS_STATUS_SUCCESS) {                                    \
+      ::lowbit::throw_internal(__FILE__, __LINE__,                                \
+                               std::string(#expr " failed: cublas status ") +     \
+                                   std::to_string(static_cast<int>(lowbit_st_))); \
+    }                                                                             \
   } while (0)
 
 // NCCL status (ncclResult_t, 0 = success); `errstr` is ncclGetErrorString or equivalent.

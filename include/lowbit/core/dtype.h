@@ -24,10 +24,10 @@ enum class DType : uint8_t {
   kU8,
 };
 
-inline constexpr DType kAllDTypes[] = {
-    DType::kF32,  DType::kBF16,  DType::kF16, DType::kE4M3, DType::kE5M2,
-    DType::kE3M2, DType::kE2M3,  DType::kE2M1, DType::kE8M0, DType::kUE4M3,
-    DType::kI32,  DType::kI64,   DType::kU8};
+inline constexpr DType kAllDTypes[] = {DType::kF32,  DType::kBF16,  DType::kF16,  DType::kE4M3,
+                                       DType::kE5M2, DType::kE3M2,  DType::kE2M3, DType::kE2M1,
+                                       DType::kE8M0, DType::kUE4M3, DType::kI32,  DType::kI64,
+                                       DType::kU8};
 
 constexpr int dtype_bits(DType t) {
   switch (t) {

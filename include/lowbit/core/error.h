@@ -30,14 +30,14 @@ class InternalError : public std::runtime_error {
 #define LOWBIT_CHECK(cond, ...)                                                   \
   do {                                                                            \
     if (!(cond)) {                                                                \
-      ::lowbit::throw_internal(__FILE__, __LINE__,                                \
-                               std::string("check failed: " #cond ": ") +         \
-                                   ::fmt::format(__VA_ARGS__));                   \
+      ::lowbit::throw_internal(                                                   \
+          __FILE__, __LINE__,                                                     \
+          std::string("check failed: " #cond ": ") + ::fmt::format(__VA_ARGS__)); \
     }                                                                             \
   } while (0)
 
 // LOWBIT_USER_CHECK(cond, "what was wrong and what to do", args...) — bad user input.
-#define LOWBIT_USER_CHECK(cond, ...)                                              \
-  do {                                                                            \
-    if (!(cond)) throw ::lowbit::UserError(::fmt::format(__VA_ARGS__));           \
+#define LOWBIT_USER_CHECK(cond, ...)                                    \
+  do {                                                                  \
+    if (!(cond)) throw ::lowbit::UserError(::fmt::format(__VA_ARGS__)); \
   } while (0)

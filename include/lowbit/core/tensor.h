@@ -39,7 +39,7 @@ struct TensorView {
   Device device;
 
   TensorView() = default;
-  TensorView(void* p, DType t, Shape s, Device dev);                // contiguous
+  TensorView(void* p, DType t, Shape s, Device dev);                 // contiguous
   TensorView(void* p, DType t, Shape s, Shape strides, Device dev);  // strided
 
   int ndim() const { return shape.ndim; }
@@ -49,7 +49,9 @@ struct TensorView {
   // Bytes spanned by a contiguous view (packed types round up).
   int64_t nbytes() const { return dtype_storage_bytes(dtype, numel()); }
   template <typename T>
-  T* ptr() const { return static_cast<T*>(data); }
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
   // Same storage, new shape; requires a contiguous view and the same element count.
   TensorView reshape(Shape s) const;
   std::string str() const;  // "bf16[65, 80] cuda:0"
@@ -62,15 +64,16 @@ class Tensor {
   static Tensor empty(Shape shape, DType t, Device dev, MemCategory cat = MemCategory::kOther);
   static Tensor zeros(Shape shape, DType t, Device dev, MemCategory cat = MemCategory::kOther);
   // A contiguous copy of `src` on `dev`.
-  static Tensor copy_of(const TensorView& src, Device dev,
-                        MemCategory cat = MemCategory::kOther);
+  static Tensor copy_of(const TensorView& src, Device dev, MemCategory cat = MemCategory::kOther);
 
   const TensorView& view() const { return view_; }
   operator const TensorView&() const { return view_; }
   bool defined() const { return storage_ != nullptr || view_.ndim() > 0; }
   void* data() const { return view_.data; }
   template <typename T>
-  T* ptr() const { return view_.ptr<T>(); }
+  T* ptr() const {
+    return view_.ptr<T>();
+  }
   DType dtype() const { return view_.dtype; }
   const Shape& shape() const { return view_.shape; }
   Device device() const { return view_.device; }
