@@ -16,6 +16,7 @@
 //   * UE4M3 is unsigned: negative inputs (and -0) encode to +0.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
