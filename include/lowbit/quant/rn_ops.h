@@ -1,0 +1,66 @@
+// Single fp32 operations, each rounded to nearest even exactly once (formats.md §0: "RN").
+//
+// The scale formulas of formats.md §2 are sequences of separate fp32 roundings; a fused
+// multiply-add or a wider intermediate changes the last bit of a scale. On the device these
+// helpers are the `_rn` intrinsics, which nvcc never contracts into FMAs and fast-math never
+// approximates. On the host they are plain fp32 operations (SSE/NEON, IEEE binary32); the quant
+// sources and tests are compiled with -ffp-contract=off (CMakeLists.txt), and clang also honours
+// the pragma below, so no caller expression such as `mul_rn(a, b) + c` becomes an FMA.
+#pragma once
+
+#include <cstdint>
+
+#include "lowbit/core/hd.h"
+#include "lowbit/formats.h"
+
+#if defined(__clang__) && !defined(__CUDA_ARCH__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+namespace lowbit {
+
+LOWBIT_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+LOWBIT_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// RN(1 / a), as __frcp_rn.
+LOWBIT_HD float rcp_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(a);
+#else
+  return 1.0f / a;
+#endif
+}
+
+// fmaxf / fminf semantics (IEEE maxNum / minNum): a NaN operand is dropped when the other is a
+// number. Written out so that host and device agree without relying on <cmath> overloads.
+LOWBIT_HD float fmax_num(float a, float b) {
+  if (f32_is_nan(a)) return b;
+  if (f32_is_nan(b)) return a;
+  return a > b ? a : b;
+}
+
+LOWBIT_HD float fmin_num(float a, float b) {
+  if (f32_is_nan(a)) return b;
+  if (f32_is_nan(b)) return a;
+  return a < b ? a : b;
+}
+
+LOWBIT_HD float abs_f32(float x) { return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu); }
+
+// Largest finite fp32 (FLT_MAX).
+LOWBIT_HD float f32_max_finite() { return f32_from_bits(0x7F7FFFFFu); }
+
+}  // namespace lowbit

@@ -1,0 +1,20 @@
+// Subcommands of the `lowbit` binary, one source file each (src/cli/cmd_<name>.cpp).
+//
+// Each add_<name>_command() registers its subcommand, options and help on `app`. When the
+// command line selects it, the parser stores the work to do in `action`; main() runs that
+// only after the whole command line parsed, so parse errors and run errors stay apart.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace lowbit::cli {
+
+// The selected subcommand's work; returns the process exit status.
+using CommandAction = std::function<int()>;
+
+void add_info_command(CLI::App& app, CommandAction& action);
+void add_bench_command(CLI::App& app, CommandAction& action);
+
+}  // namespace lowbit::cli

@@ -1,0 +1,358 @@
+// MX (E8M0 per 32) and NVFP4 (UE4M3 per 16, fp32 global amax) quantization kernels.
+//
+// One thread block quantizes a 64×64 tile staged in shared memory as fp32: rowwise blocks run
+// along K, columnwise blocks along M (NVFP4: written transposed, with the 16-point Hadamard
+// transform when asked; MX: not transposed). Codes are staged in shared memory and written out
+// as packed rows. NVFP4 needs the global amax first, so it runs twice over the tile grid: an
+// amax pass (plain amax and, for RHT copies, the amax after the transform), then the quantize
+// pass. Every number comes from the shared scale math (quant/scale_math.h, quant/hadamard16.h),
+// so the results equal the CPU twin bit for bit.
+#include "lowbit/core/cuda_check.h"
+#include "lowbit/core/philox.h"
+#include "lowbit/quant/hadamard16.h"
+#include "lowbit/quant/layout.h"
+#include "quant/cuda_common.cuh"
+#include "quant/quant_cuda.h"
+
+namespace lowbit::quant_cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kT = 64;  // tile edge
+
+enum class Pass { kAmax, kQuantize };
+
+struct TileSmem {
+  float x[kT][kT + 1];      // source values, [m][k]
+  uint8_t rc[kT][kT];       // rowwise codes, [m][k]
+  uint8_t cc[kT][kT];       // columnwise codes: NVFP4 [k][m] (transposed), MX [m][k]
+  float part[kT][kT / 16];  // NVFP4 16×16: amax of each 1×16 row block
+};
+
+// Element conversion after scaling: FP8 by hardware cvt, E2M1 by comparisons, FP6 by the
+// codec; stochastic rounding by the codec with the element's Philox bits.
+__device__ __forceinline__ uint32_t convert(DType t, float v, bool sr, uint32_t rbits) {
+  if (sr) return encode_sr(t, v, rbits);
+  if (t == DType::kE4M3 || t == DType::kE5M2) return cvt_fp8(v, t == DType::kE5M2);
+  if (t == DType::kE2M1) return cvt_e2m1_rn(v);
+  return encode_rn(t, v);
+}
+
+// Quantizes the 16 or 32 values `v` of one block with multiplier `mult` into `codes`; the
+// element with in-block position i has logical index idx0 + i·stride_idx in its copy.
+template <int N>
+__device__ __forceinline__ void quantize_block(DType t, const float (&v)[N], float mult, bool sr,
+                                               RngKey key, int64_t idx0, int64_t stride_idx,
+                                               uint8_t (&codes)[N]) {
+  if (sr && stride_idx == 1 && (idx0 & 3) == 0) {
+    // Four consecutive indices share one Philox block.
+#pragma unroll
+    for (int g = 0; g < N / 4; ++g) {
+      const Philox4 r = philox_block(key.seed, key.offset, uint64_t(idx0 + 4 * g) >> 2);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        codes[4 * g + j] = convert(t, mul_rn(v[4 * g + j], mult), true, r.v[j]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const uint32_t rb =
+        sr ? philox_uint32(key.seed, key.offset, uint64_t(idx0 + i * stride_idx)) : 0u;
+    codes[i] = convert(t, mul_rn(v[i], mult), sr, rb);
+  }
+}
+
+// Loads the tile at (m0, k0) of x [M, K] into s.x (zeros outside).
+template <typename T>
+__device__ __forceinline__ void load_tile(TileSmem& s, const T* x, int64_t M, int64_t K, int64_t m0,
+                                          int64_t k0) {
+  const bool vec_ok = (K % 8) == 0;
+  for (int c = threadIdx.x; c < kT * kT / 8; c += kThreads) {
+    const int r = c / (kT / 8), cc = (c % (kT / 8)) * 8;
+    const int64_t m = m0 + r, k = k0 + cc;
+    float v[8];
+    if (m < M && k < K) {
+      const int valid = int(K - k < 8 ? K - k : 8);
+      load8(x + m * K + k, vec_ok && valid == 8, valid, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s.x[r][cc + i] = v[i];
+  }
+}
+
+// Writes a [rows][64] code tile as packed rows of `out` ([R, C] row-major, C = row length in
+// elements) at (r0, c0); E2M1 packs two codes per byte, even element in the low nibble.
+__device__ __forceinline__ void store_codes(const uint8_t (&codes)[kT][kT], DType t, uint8_t* out,
+                                            int64_t R, int64_t C, int64_t r0, int64_t c0) {
+  if (t == DType::kE2M1) {
+    // 32 bytes per row: thread → (row, 4-byte word).
+    for (int c = threadIdx.x; c < kT * 8; c += kThreads) {
+      const int r = c / 8, w = c % 8;
+      const int64_t row = r0 + r, col = c0 + 8 * w;
+      if (row >= R || col >= C) continue;
+      uint32_t word = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) word |= uint32_t(codes[r][8 * w + i] & 0xF) << (4 * i);
+      *reinterpret_cast<uint32_t*>(out + (row * C + col) / 2) = word;  // C % 16 == 0
+    }
+  } else {
+    // 64 bytes per row: thread → (row, 8-byte word).
+    for (int c = threadIdx.x; c < kT * 8; c += kThreads) {
+      const int r = c / 8, w = c % 8;
+      const int64_t row = r0 + r, col = c0 + 8 * w;
+      if (row >= R || col >= C) continue;
+      *reinterpret_cast<uint2*>(out + row * C + col) =
+          *reinterpret_cast<const uint2*>(&codes[r][8 * w]);  // C % 32 == 0 for MX
+    }
+  }
+}
+
+// Column chunk of 16 values s.x[mb·16 .. +16][kk], optionally through the Hadamard transform
+// (formats.md §5.2; the input is bf16, so the fp32 values are exact bf16 values).
+__device__ __forceinline__ void column_chunk(const TileSmem& s, int kk, int mb, bool rht,
+                                             float (&v)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v[i] = s.x[mb * 16 + i][kk];
+  if (rht) rht16_apply_f32(v);
+}
+
+// ---- NVFP4
+// ---------------------------------------------------------------------------------------
+
+struct Nvfp4Args {
+  int64_t M, K;
+  bool rowwise, columnwise, rht, sr, two_d;
+  RngKey row_key, col_key;
+  uint8_t* q;         // [M, K/2]
+  uint8_t* q_scale;   // [M, K/16]
+  uint8_t* qt;        // [K, M/2]
+  uint8_t* qt_scale;  // [K, M/16]
+  float* amax_row;    // [1] global amax of x (pass 1 accumulates)
+  float* amax_col;    // [1] global amax of the columnwise copy (after RHT)
+};
+
+template <typename T, Pass kPass>
+__global__ void __launch_bounds__(kThreads) nvfp4_kernel(const T* __restrict__ x, Nvfp4Args a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  TileSmem& s = *reinterpret_cast<TileSmem*>(smem_raw);
+  const int64_t m0 = int64_t(blockIdx.y) * kT, k0 = int64_t(blockIdx.x) * kT;
+  load_tile(s, x, a.M, a.K, m0, k0);
+  __syncthreads();
+  const int t = threadIdx.x;
+  // Rowwise task: row t/4, K-block t%4 of the tile. Columnwise task: column t%64, M-block t/64.
+  const int r = t / 4, rb = t % 4;
+  const int kk = t % kT, mb = t / kT;
+  const bool row_in = m0 + r < a.M && k0 + rb * 16 < a.K;
+  const bool col_in = k0 + kk < a.K && m0 + mb * 16 < a.M;
+  const bool col_uses_own = a.columnwise && !a.two_d;  // 2D: columnwise = transposed rowwise
+
+  if constexpr (kPass == Pass::kAmax) {
+    float ra = 0.0f, ca = 0.0f;
+    if ((a.rowwise || a.two_d) && row_in) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) ra = amax_combine(ra, s.x[r][rb * 16 + i]);
+    }
+    if (col_uses_own && col_in) {
+      float v[16];
+      column_chunk(s, kk, mb, a.rht, v);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) ca = amax_combine(ca, v[i]);
+    }
+    block_amax_to_global(ra, a.amax_row);
+    block_amax_to_global(ca, a.amax_col);
+    return;
+  } else {
+    const Nvfp4GlobalScale g_row = nvfp4_global_scale(*a.amax_row);
+    if (a.two_d) {
+      // One scale per 16×16 tile: amax of each 1×16 row block, then of the 16 rows.
+      float ra = 0.0f;
+      if (row_in) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ra = amax_combine(ra, s.x[r][rb * 16 + i]);
+      }
+      s.part[r][rb] = ra;
+      __syncthreads();
+      float ta = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) ta = amax_combine(ta, s.part[(r / 16) * 16 + i][rb]);
+      const uint8_t sd = nvfp4_block_scale(ta, g_row.k);
+      const float mult = nvfp4_block_multiplier(sd, g_row.s_dec);
+      float v[16];
+      uint8_t codes[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = s.x[r][rb * 16 + i];
+      quantize_block<16>(DType::kE2M1, v, mult, a.sr, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1,
+                         codes);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        s.rc[r][rb * 16 + i] = codes[i];
+        s.cc[rb * 16 + i][r] = codes[i];  // exact transpose
+      }
+      if (row_in) {
+        if (a.q_scale) a.q_scale[(m0 + r) * (a.K / 16) + (k0 / 16 + rb)] = sd;
+        // Column copy: row k of the transposed tile carries the tile's scale for M-block r/16.
+        if (a.qt_scale && (r % 16) < 16) {
+          const int64_t kb_row = k0 + rb * 16 + (r % 16);
+          a.qt_scale[kb_row * (a.M / 16) + (m0 / 16 + r / 16)] = sd;
+        }
+      }
+    } else {
+      if (a.rowwise) {
+        float v[16];
+        uint8_t codes[16];
+        float ra = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          v[i] = s.x[r][rb * 16 + i];
+          ra = amax_combine(ra, v[i]);
+        }
+        const uint8_t sd = nvfp4_block_scale(ra, g_row.k);
+        const float mult = nvfp4_block_multiplier(sd, g_row.s_dec);
+        quantize_block<16>(DType::kE2M1, v, mult, a.sr, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1,
+                           codes);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s.rc[r][rb * 16 + i] = codes[i];
+        if (row_in) a.q_scale[(m0 + r) * (a.K / 16) + (k0 / 16 + rb)] = sd;
+      }
+      if (a.columnwise) {
+        const Nvfp4GlobalScale g_col = nvfp4_global_scale(*a.amax_col);
+        float v[16];
+        uint8_t codes[16];
+        column_chunk(s, kk, mb, a.rht, v);
+        float ca = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ca = amax_combine(ca, v[i]);
+        const uint8_t sd = nvfp4_block_scale(ca, g_col.k);
+        const float mult = nvfp4_block_multiplier(sd, g_col.s_dec);
+        quantize_block<16>(DType::kE2M1, v, mult, a.sr, a.col_key, (k0 + kk) * a.M + m0 + mb * 16,
+                           1, codes);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s.cc[kk][mb * 16 + i] = codes[i];
+        if (col_in) a.qt_scale[(k0 + kk) * (a.M / 16) + (m0 / 16 + mb)] = sd;
+      }
+    }
+    __syncthreads();
+    if (a.rowwise) store_codes(s.rc, DType::kE2M1, a.q, a.M, a.K, m0, k0);
+    if (a.columnwise) store_codes(s.cc, DType::kE2M1, a.qt, a.K, a.M, k0, m0);
+  }
+}
+
+// ---- MX
+// ------------------------------------------------------------------------------------------
+
+struct MxArgs {
+  int64_t M, K;
+  DType t;
+  MxScaleRounding rounding;
+  bool rowwise, columnwise, sr;
+  RngKey row_key, col_key;
+  uint8_t* q;         // [M, K] codes (E2M1 packed)
+  uint8_t* q_scale;   // [M, K/32] e8m0
+  uint8_t* qc;        // [M, K] columnwise codes, not transposed
+  uint8_t* qc_scale;  // [M/32, K] e8m0
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) mx_kernel(const T* __restrict__ x, MxArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  TileSmem& s = *reinterpret_cast<TileSmem*>(smem_raw);
+  const int64_t m0 = int64_t(blockIdx.y) * kT, k0 = int64_t(blockIdx.x) * kT;
+  load_tile(s, x, a.M, a.K, m0, k0);
+  __syncthreads();
+  // Threads 0..127: rowwise task (row t/2, K-block t%2); 128..255: columnwise task
+  // (column t%64, M-block (t-128)/64).
+  const int t = threadIdx.x;
+  if (t < 128) {
+    const int r = t / 2, b = t % 2;
+    if (a.rowwise) {
+      float v[32];
+      uint8_t codes[32];
+      float am = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        v[i] = s.x[r][b * 32 + i];
+        am = amax_combine(am, v[i]);
+      }
+      const uint8_t e = mx_scale(am, a.t, a.rounding);
+      quantize_block<32>(a.t, v, mx_multiplier(e), a.sr, a.row_key, (m0 + r) * a.K + k0 + b * 32, 1,
+                         codes);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s.rc[r][b * 32 + i] = codes[i];
+      if (m0 + r < a.M && k0 + b * 32 < a.K) a.q_scale[(m0 + r) * (a.K / 32) + k0 / 32 + b] = e;
+    }
+  } else if (a.columnwise) {
+    const int kk = (t - 128) % kT, b = (t - 128) / kT;
+    float v[32];
+    uint8_t codes[32];
+    float am = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      v[i] = s.x[b * 32 + i][kk];
+      am = amax_combine(am, v[i]);
+    }
+    const uint8_t e = mx_scale(am, a.t, a.rounding);
+    quantize_block<32>(a.t, v, mx_multiplier(e), a.sr, a.col_key, (m0 + b * 32) * a.K + k0 + kk,
+                       a.K, codes);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s.cc[b * 32 + i][kk] = codes[i];
+    if (k0 + kk < a.K && m0 + b * 32 < a.M) a.qc_scale[(m0 / 32 + b) * a.K + k0 + kk] = e;
+  }
+  __syncthreads();
+  if (a.rowwise) store_codes(s.rc, a.t, a.q, a.M, a.K, m0, k0);
+  if (a.columnwise) store_codes(s.cc, a.t, a.qc, a.M, a.K, m0, k0);
+}
+
+template <typename K>
+void set_smem(K kern) {
+  LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(sizeof(TileSmem))));
+}
+
+}  // namespace
+
+template <typename T>
+void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool rht, bool sr,
+           bool two_d, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale, uint8_t* qt,
+           uint8_t* qt_scale, float* amax_row, float* amax_col, cudaStream_t stream) {
+  if (M == 0 || K == 0) return;
+  const dim3 grid(unsigned(ceil_div(K, kT)), unsigned(ceil_div(M, kT)));
+  Nvfp4Args a{M,       K, rowwise, columnwise, rht,      sr,       two_d,   row_key,
+              col_key, q, q_scale, qt,         qt_scale, amax_row, amax_col};
+  auto amax_pass = nvfp4_kernel<T, Pass::kAmax>;
+  auto quant_pass = nvfp4_kernel<T, Pass::kQuantize>;
+  set_smem(amax_pass);
+  set_smem(quant_pass);
+  amax_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+  quant_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, bool rowwise,
+        bool columnwise, bool sr, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale,
+        uint8_t* qc, uint8_t* qc_scale, cudaStream_t stream) {
+  if (M == 0 || K == 0) return;
+  const dim3 grid(unsigned(ceil_div(K, kT)), unsigned(ceil_div(M, kT)));
+  MxArgs a{M, K, t, rounding, rowwise, columnwise, sr, row_key, col_key, q, q_scale, qc, qc_scale};
+  auto kern = mx_kernel<T>;
+  set_smem(kern);
+  kern<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+#define LOWBIT_INSTANTIATE(T)                                                                      \
+  template void nvfp4<T>(const T*, int64_t, int64_t, bool, bool, bool, bool, bool, RngKey, RngKey, \
+                         uint8_t*, uint8_t*, uint8_t*, uint8_t*, float*, float*, cudaStream_t);    \
+  template void mx<T>(const T*, int64_t, int64_t, DType, MxScaleRounding, bool, bool, bool,        \
+                      RngKey, RngKey, uint8_t*, uint8_t*, uint8_t*, uint8_t*, cudaStream_t);
+LOWBIT_INSTANTIATE(uint16_t)
+LOWBIT_INSTANTIATE(float)
+#undef LOWBIT_INSTANTIATE
+
+}  // namespace lowbit::quant_cuda

@@ -1,0 +1,119 @@
+// Device helpers shared by the quantization kernels: vector loads of bf16/f32 rows, fast
+// element conversions that are bit-identical to the portable codec (formats.h), and amax
+// reductions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "lowbit/formats.h"
+#include "lowbit/quant/rn_ops.h"
+#include "lowbit/quant/scale_math.h"
+
+namespace lowbit::quant_cuda {
+
+// --- loads ------------------------------------------------------------------------------------
+
+// Eight consecutive source elements as fp32. `full` means all 8 are in range and the address is
+// 16-byte aligned (bf16) / 32-byte aligned (f32); otherwise only the first `valid` are read and
+// the rest are 0.
+__device__ __forceinline__ void load8(const uint16_t* p, bool full, int valid, float v[8]) {
+  if (full) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = __uint_as_float(w[i] << 16);
+      v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = i < valid ? __uint_as_float(uint32_t(p[i]) << 16) : 0.0f;
+  }
+}
+
+__device__ __forceinline__ void load8(const float* p, bool full, int valid, float v[8]) {
+  if (full) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    const float4 b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = i < valid ? p[i] : 0.0f;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float load1(const T* p);
+template <>
+__device__ __forceinline__ float load1<uint16_t>(const uint16_t* p) {
+  return __uint_as_float(uint32_t(*p) << 16);
+}
+template <>
+__device__ __forceinline__ float load1<float>(const float* p) {
+  return *p;
+}
+
+// Elements per 16-byte vector of the source type.
+template <typename T>
+constexpr int kVecElems = 16 / sizeof(T);
+
+// --- element conversions ------------------------------------------------------------------------
+
+// fp32 → FP8 with cvt.rn.satfinite (sm_89+). Bit-identical to encode_rn(t, x, kSatFinite) for
+// every input — checked by the GPU tests over all bf16 values and boundary sweeps.
+__device__ __forceinline__ uint32_t cvt_fp8x2(float lo, float hi, bool e5m2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short pair;
+  if (e5m2) {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+  }
+  return pair;
+#else
+  const DType t = e5m2 ? DType::kE5M2 : DType::kE4M3;
+  return encode_rn(t, lo) | (encode_rn(t, hi) << 8);
+#endif
+}
+
+__device__ __forceinline__ uint32_t cvt_fp8(float x, bool e5m2) {
+  return cvt_fp8x2(x, 0.0f, e5m2) & 0xFFu;
+}
+
+// fp32 → E2M1 nibble, round to nearest even with saturation: the decision points of
+// formats.md §1.4 as comparisons (ties: strict '>' where the lower code is even, '>=' where the
+// upper one is). NaN → +6 (0x7), the sign of -0 and of tiny negatives is kept.
+__device__ __forceinline__ uint32_t cvt_e2m1_rn(float x) {
+  const float a = fabsf(x);
+  if (a != a) return 0x7u;
+  const uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                        (a >= 3.5f) + (a > 5.0f);
+  return code | ((__float_as_uint(x) >> 28) & 0x8u);
+}
+
+// --- reductions
+// -----------------------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmax_num(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+// max into a non-negative (or NaN-free) float in global memory: non-negative floats order like
+// their bit patterns.
+__device__ __forceinline__ void atomic_max_nonneg(float* addr, float v) {
+  atomicMax(reinterpret_cast<unsigned int*>(addr), __float_as_uint(v));
+}
+
+// Block-wide amax folded into *out (one atomic per warp).
+__device__ __forceinline__ void block_amax_to_global(float local, float* out) {
+  if (out == nullptr) return;
+  local = warp_max(local);
+  if ((threadIdx.x & 31) == 0) atomic_max_nonneg(out, local);
+}
+
+}  // namespace lowbit::quant_cuda

@@ -1,0 +1,348 @@
+// FP8 quantization kernels: per-tensor (current and delayed scaling) and block scaling
+// (1×128 and 128×128), each a single pass over the source that writes the rowwise payload, the
+// transposed columnwise payload, the scales and the amax. The CPU twin (src/quant/*_ref.cpp)
+// defines the results; these kernels reproduce them bit for bit by calling the same scale math
+// (quant/scale_math.h) and conversions proven identical to the codec (cuda_common.cuh).
+#include "lowbit/core/cuda_check.h"
+#include "lowbit/quant/layout.h"
+#include "quant/cuda_common.cuh"
+#include "quant/quant_cuda.h"
+
+namespace lowbit::quant_cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// ---- amax ------------------------------------------------------------------------------------
+
+// amax over a contiguous tensor of n elements, folded into *amax (which the caller zeroes).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    amax_kernel(const T* __restrict__ x, int64_t n, float* amax) {
+  constexpr int V = 8;
+  float local = 0.0f;
+  const int64_t n_vec = n / V;
+  const bool aligned = (reinterpret_cast<uintptr_t>(x) % 32) == 0;
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n_vec;
+       i += int64_t(gridDim.x) * kThreads) {
+    float v[8];
+    if (aligned) {
+      load8(x + i * V, true, V, v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = load1(x + i * V + j);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) local = amax_combine(local, v[j]);
+  }
+  for (int64_t i = n_vec * V + blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * kThreads) {
+    local = amax_combine(local, load1(x + i));
+  }
+  block_amax_to_global(local, amax);
+}
+
+// scale = compute_scale_from_amax(*amax), scale_inv = RN(1/scale): one thread.
+__global__ void current_scale_kernel(const float* amax, float fmax, bool pow2, float eps,
+                                     float* scale, float* scale_inv) {
+  const float s = compute_scale_from_amax(*amax, fmax, pow2, eps, f32_max_finite());
+  *scale = s;
+  *scale_inv = scale_inv_from_scale(s);
+}
+
+// ---- per-tensor cast + transpose ----------------------------------------------------------------
+
+// Tile of kTM rows × kTK columns; the codes of the tile are staged in shared memory so the
+// transposed copy can be written with 16-byte stores along M.
+constexpr int kTM = 64, kTK = 128;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    fp8_cast_transpose_kernel(const T* __restrict__ x,  // [M, K]
+                              int64_t M, int64_t K, const float* scale_ptr, bool e5m2,
+                              uint8_t* __restrict__ q,   // [M, K] or null
+                              uint8_t* __restrict__ qt,  // [K, M] or null
+                              float* scale_inv_out,      // [1] or null
+                              float* amax_out) {         // [1], max-accumulated, or null
+  __shared__ __align__(16) uint8_t tile[kTM][kTK];
+  const float scale = *scale_ptr;
+  const int64_t m0 = int64_t(blockIdx.y) * kTM, k0 = int64_t(blockIdx.x) * kTK;
+  const bool vec_ok = (K % 8) == 0;
+  float local_amax = 0.0f;
+  // Rowwise: each thread converts chunks of 8 elements of one row.
+  for (int c = threadIdx.x; c < kTM * kTK / 8; c += kThreads) {
+    const int r = c / (kTK / 8), cc = (c % (kTK / 8)) * 8;
+    const int64_t m = m0 + r, k = k0 + cc;
+    uint2 codes = make_uint2(0, 0);
+    if (m < M && k < K) {
+      const int valid = int(K - k < 8 ? K - k : 8);
+      float v[8];
+      load8(x + m * K + k, vec_ok && valid == 8, valid, v);
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        local_amax = amax_combine(local_amax, v[2 * i]);
+        local_amax = amax_combine(local_amax, v[2 * i + 1]);
+        w[i] = cvt_fp8x2(mul_rn(v[2 * i], scale), mul_rn(v[2 * i + 1], scale), e5m2);
+      }
+      codes = make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+      if (q != nullptr) {
+        if (vec_ok && valid == 8) {
+          *reinterpret_cast<uint2*>(q + m * K + k) = codes;
+        } else {
+          for (int i = 0; i < valid; ++i)
+            q[m * K + k + i] = (i < 4 ? codes.x >> (8 * i) : codes.y >> (8 * (i - 4))) & 0xFF;
+        }
+      }
+    }
+    *reinterpret_cast<uint2*>(&tile[r][cc]) = codes;
+  }
+  if (qt != nullptr) {
+    __syncthreads();
+    // Columnwise: thread → (column kk, 16-row segment); a warp reads 32 neighbouring columns of
+    // one row segment (conflict-free) and writes 16 bytes along M.
+    const bool vec_t = (M % 16) == 0;
+    for (int c = threadIdx.x; c < kTK * (kTM / 16); c += kThreads) {
+      const int kk = c % kTK, seg = (c / kTK) * 16;
+      const int64_t k = k0 + kk, m = m0 + seg;
+      if (k >= K || m >= M) continue;
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[i] = uint32_t(tile[seg + 4 * i][kk]) | (uint32_t(tile[seg + 4 * i + 1][kk]) << 8) |
+               (uint32_t(tile[seg + 4 * i + 2][kk]) << 16) |
+               (uint32_t(tile[seg + 4 * i + 3][kk]) << 24);
+      }
+      if (vec_t && m + 16 <= M) {
+        *reinterpret_cast<uint4*>(qt + k * M + m) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+        for (int i = 0; i < 16 && m + i < M; ++i)
+          qt[k * M + m + i] = (w[i / 4] >> (8 * (i % 4))) & 0xFF;
+      }
+    }
+  }
+  block_amax_to_global(local_amax, amax_out);
+  if (scale_inv_out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    *scale_inv_out = scale_inv_from_scale(scale);
+  }
+}
+
+// ---- FP8 block scaling -------------------------------------------------------------------------
+
+// One 128×128 tile per thread block, staged in shared memory as fp32.
+//  * 1×128 rowwise: each row of the tile is one block (scale per (row, K-block)).
+//  * 1×128 columnwise: each column of the tile is one block along M of the transposed copy.
+//  * 128×128: one scale for the whole tile; the transposed copy is the exact transpose.
+constexpr int kB = 128;
+
+template <typename T, bool k2D>
+__global__ void __launch_bounds__(kThreads)
+    fp8_block_kernel(const T* __restrict__ x,  // [M, K]
+                     int64_t M, int64_t K, bool e5m2, float fmax, bool pow2, float eps,
+                     float value_for_inf,
+                     uint8_t* __restrict__ q,       // [M, K] or null
+                     float* __restrict__ q_scale,   // rowwise scale_inv (layout per mode)
+                     uint8_t* __restrict__ qt,      // [K, M] or null
+                     float* __restrict__ qt_scale,  // columnwise scale_inv
+                     float* amax_out) {
+  extern __shared__ __align__(16) float smem[];
+  float(*tile)[kB + 1] = reinterpret_cast<float(*)[kB + 1]>(smem);  // [128][129] fp32
+  float* col_part = smem + kB * (kB + 1);                           // [2][128] partial amax
+  __shared__ float warp_red[kThreads / 32];
+  const int64_t m0 = int64_t(blockIdx.y) * kB, k0 = int64_t(blockIdx.x) * kB;
+  const int64_t k_blocks = ceil_div(K, kB), m_blocks = ceil_div(M, kB);
+  const bool vec_ok = (K % 8) == 0;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  // Load: chunk c → row c/16, columns 8·(c%16); a half-warp covers one row.
+  float tile_amax = 0.0f;
+  for (int c = threadIdx.x; c < kB * kB / 8; c += kThreads) {
+    const int r = c / 16, cc = (c % 16) * 8;
+    const int64_t m = m0 + r, k = k0 + cc;
+    float v[8];
+    if (m < M && k < K) {
+      const int valid = int(K - k < 8 ? K - k : 8);
+      load8(x + m * K + k, vec_ok && valid == 8, valid, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tile[r][cc + i] = v[i];
+    if constexpr (!k2D) {
+      // Rowwise 1×128: amax over the half-warp holding this row, then quantize the chunk.
+      float a = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a = amax_combine(a, v[i]);
+      tile_amax = amax_combine(tile_amax, a);
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) a = fmax_num(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+      if (q != nullptr && m < M && k < K) {
+        const float s = compute_scale_from_amax(a, fmax, pow2, eps, value_for_inf);
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          w[i] = cvt_fp8x2(mul_rn(v[2 * i], s), mul_rn(v[2 * i + 1], s), e5m2);
+        }
+        const int valid = int(K - k < 8 ? K - k : 8);
+        if (vec_ok && valid == 8) {
+          *reinterpret_cast<uint2*>(q + m * K + k) =
+              make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+        } else {
+          for (int i = 0; i < valid; ++i) q[m * K + k + i] = (w[i / 2] >> (8 * (i % 2))) & 0xFF;
+        }
+        if ((c % 16) == 0) q_scale[vec128_scale_index(m, blockIdx.x, M)] = scale_inv_from_scale(s);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) tile_amax = amax_combine(tile_amax, v[i]);
+    }
+  }
+  // Out-of-range rows and columns hold 0, which never raises an amax.
+  float s_tile = 1.0f;
+  if constexpr (k2D) {
+    float a = warp_max(tile_amax);
+    if (lane == 0) warp_red[warp] = a;
+    __syncthreads();
+    a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) a = fmax_num(a, warp_red[w]);
+    s_tile = compute_scale_from_amax(a, fmax, pow2, eps, value_for_inf);
+    if (threadIdx.x == 0) {
+      if (q_scale != nullptr)
+        q_scale[blk128_scale_index(blockIdx.y, blockIdx.x, k_blocks)] =
+            scale_inv_from_scale(s_tile);
+      if (qt_scale != nullptr)
+        qt_scale[blk128_scale_index(blockIdx.x, blockIdx.y, m_blocks)] =
+            scale_inv_from_scale(s_tile);
+    }
+    // Rowwise 128×128 codes.
+    if (q != nullptr) {
+      for (int c = threadIdx.x; c < kB * kB / 8; c += kThreads) {
+        const int r = c / 16, cc = (c % 16) * 8;
+        const int64_t m = m0 + r, k = k0 + cc;
+        if (m >= M || k >= K) continue;
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          w[i] = cvt_fp8x2(mul_rn(tile[r][cc + 2 * i], s_tile),
+                           mul_rn(tile[r][cc + 2 * i + 1], s_tile), e5m2);
+        }
+        const int valid = int(K - k < 8 ? K - k : 8);
+        if (vec_ok && valid == 8) {
+          *reinterpret_cast<uint2*>(q + m * K + k) =
+              make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+        } else {
+          for (int i = 0; i < valid; ++i) q[m * K + k + i] = (w[i / 2] >> (8 * (i % 2))) & 0xFF;
+        }
+      }
+    }
+  } else {
+    __syncthreads();
+  }
+
+  if (qt != nullptr) {
+    // Columnwise: thread → column kk = t % 128 and half h = t / 128 (64 rows each).
+    const int kk = threadIdx.x % kB, h = threadIdx.x / kB;
+    const int64_t k = k0 + kk;
+    float s = s_tile;
+    if constexpr (!k2D) {
+      float a = 0.0f;
+      for (int r = h * 64; r < h * 64 + 64; ++r) a = amax_combine(a, tile[r][kk]);
+      col_part[h * kB + kk] = a;
+      __syncthreads();
+      a = fmax_num(col_part[kk], col_part[kB + kk]);
+      s = compute_scale_from_amax(a, fmax, pow2, eps, value_for_inf);
+      if (h == 0 && k < K) qt_scale[vec128_scale_index(k, blockIdx.y, K)] = scale_inv_from_scale(s);
+    }
+    if (k < K) {
+      const bool vec_t = (M % 16) == 0;
+      for (int seg = h * 64; seg < h * 64 + 64; seg += 16) {
+        const int64_t m = m0 + seg;
+        if (m >= M) break;
+        uint32_t w[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          w[i] = cvt_fp8x2(mul_rn(tile[seg + 2 * i][kk], s), mul_rn(tile[seg + 2 * i + 1][kk], s),
+                           e5m2);
+        }
+        const uint4 out = make_uint4(w[0] | (w[1] << 16), w[2] | (w[3] << 16), w[4] | (w[5] << 16),
+                                     w[6] | (w[7] << 16));
+        if (vec_t && m + 16 <= M) {
+          *reinterpret_cast<uint4*>(qt + k * M + m) = out;
+        } else {
+          for (int i = 0; i < 16 && m + i < M; ++i)
+            qt[k * M + m + i] = (w[i / 2] >> (8 * (i % 2))) & 0xFF;
+        }
+      }
+    }
+  }
+  if (amax_out != nullptr) block_amax_to_global(tile_amax, amax_out);
+}
+
+int grid_for(int64_t n) {
+  int64_t blocks = (n / 8 + kThreads - 1) / kThreads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > 132 * 16) blocks = 132 * 16;
+  return int(blocks);
+}
+
+}  // namespace
+
+template <typename T>
+void amax(const T* x, int64_t n, float* amax_out, cudaStream_t stream) {
+  amax_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(x, n, amax_out);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+void current_scale(const float* amax_in, float fmax, bool pow2, float eps, float* scale,
+                   float* scale_inv, cudaStream_t stream) {
+  current_scale_kernel<<<1, 1, 0, stream>>>(amax_in, fmax, pow2, eps, scale, scale_inv);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void fp8_cast_transpose(const T* x, int64_t M, int64_t K, const float* scale, bool e5m2, uint8_t* q,
+                        uint8_t* qt, float* scale_inv, float* amax_out, cudaStream_t stream) {
+  if (M == 0 || K == 0) return;
+  const dim3 grid(unsigned(ceil_div(K, kTK)), unsigned(ceil_div(M, kTM)));
+  fp8_cast_transpose_kernel<T>
+      <<<grid, kThreads, 0, stream>>>(x, M, K, scale, e5m2, q, qt, scale_inv, amax_out);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void fp8_block(const T* x, int64_t M, int64_t K, bool two_d, bool e5m2, float fmax, bool pow2,
+               float eps, float value_for_inf, uint8_t* q, float* q_scale, uint8_t* qt,
+               float* qt_scale, float* amax_out, cudaStream_t stream) {
+  if (M == 0 || K == 0) return;
+  const dim3 grid(unsigned(ceil_div(K, kB)), unsigned(ceil_div(M, kB)));
+  const size_t smem = (kB * (kB + 1) + 2 * kB) * sizeof(float);
+  if (two_d) {
+    auto kern = fp8_block_kernel<T, true>;
+    LOWBIT_CUDA_CHECK(
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kern<<<grid, kThreads, smem, stream>>>(x, M, K, e5m2, fmax, pow2, eps, value_for_inf, q,
+                                           q_scale, qt, qt_scale, amax_out);
+  } else {
+    auto kern = fp8_block_kernel<T, false>;
+    LOWBIT_CUDA_CHECK(
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kern<<<grid, kThreads, smem, stream>>>(x, M, K, e5m2, fmax, pow2, eps, value_for_inf, q,
+                                           q_scale, qt, qt_scale, amax_out);
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+#define LOWBIT_INSTANTIATE(T)                                                                   \
+  template void amax<T>(const T*, int64_t, float*, cudaStream_t);                               \
+  template void fp8_cast_transpose<T>(const T*, int64_t, int64_t, const float*, bool, uint8_t*, \
+                                      uint8_t*, float*, float*, cudaStream_t);                  \
+  template void fp8_block<T>(const T*, int64_t, int64_t, bool, bool, float, bool, float, float, \
+                             uint8_t*, float*, uint8_t*, float*, float*, cudaStream_t);
+LOWBIT_INSTANTIATE(uint16_t)
+LOWBIT_INSTANTIATE(float)
+#undef LOWBIT_INSTANTIATE
+
+}  // namespace lowbit::quant_cuda

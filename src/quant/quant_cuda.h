@@ -1,0 +1,60 @@
+// Launchers of the quantization kernels (src/quant/*.cu). Raw device pointers, row-major
+// contiguous sources; `T` is uint16_t (bf16 bits) or float. Every launcher is asynchronous on
+// `stream`. Output scale tensors must be zeroed by the caller where the layout has padding.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "lowbit/quant.h"
+
+namespace lowbit {
+struct QuantStreams;
+// CUDA path of quantize(): `x` is a CUDA tensor and `cfg` has passed check_quant_config.
+void quantize_cuda(Context& ctx, const TensorView& x, const QuantConfig& cfg,
+                   const QuantStreams& streams, QuantizedTensor& out);
+}  // namespace lowbit
+
+namespace lowbit::quant_cuda {
+
+// *amax_out = max(*amax_out, max |x|) over n elements (NaN skipped).
+template <typename T>
+void amax(const T* x, int64_t n, float* amax_out, cudaStream_t stream);
+
+// FP8 current scaling: scale = compute_scale_from_amax(*amax), scale_inv = RN(1/scale).
+void current_scale(const float* amax, float fmax, bool pow2, float eps, float* scale,
+                   float* scale_inv, cudaStream_t stream);
+
+// FP8 per-tensor: q [M, K] and/or qt [K, M] = cvt_sat(x · *scale); writes *scale_inv and folds
+// max |x| into *amax_out (each may be null).
+template <typename T>
+void fp8_cast_transpose(const T* x, int64_t M, int64_t K, const float* scale, bool e5m2, uint8_t* q,
+                        uint8_t* qt, float* scale_inv, float* amax_out, cudaStream_t stream);
+
+// FP8 block scaling. two_d = false: 1×128 blocks, rowwise scales in VEC128 layout
+// [ceil(K/128), pad4(M)], columnwise (qt [K, M], blocks along M) [ceil(M/128), pad4(K)].
+// two_d = true: 128×128 tiles, BLK128 layouts [ceil(M/128), pad4(ceil(K/128))] and the
+// transposed grid [ceil(K/128), pad4(ceil(M/128))].
+template <typename T>
+void fp8_block(const T* x, int64_t M, int64_t K, bool two_d, bool e5m2, float fmax, bool pow2,
+               float eps, float value_for_inf, uint8_t* q, float* q_scale, uint8_t* qt,
+               float* qt_scale, float* amax_out, cudaStream_t stream);
+
+// NVFP4 (E2M1 + UE4M3 per 16 + fp32 global amax): rowwise q [M, K/2 bytes] with scales
+// [M, K/16]; columnwise qt [K, M/2 bytes] (transposed, RHT'd when `rht`) with scales [K, M/16].
+// two_d: one scale per 16×16 tile, columnwise = exact transpose. amax_row / amax_col are zeroed
+// by the caller and receive the global amaxes (the kernels run an amax pass first).
+template <typename T>
+void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool rht, bool sr,
+           bool two_d, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale, uint8_t* qt,
+           uint8_t* qt_scale, float* amax_row, float* amax_col, cudaStream_t stream);
+
+// MX (E8M0 per 32): rowwise q [M, K] with scales [M, K/32]; columnwise qc [M, K] (not
+// transposed) with scales [M/32, K]. E2M1 payloads are packed two per byte.
+template <typename T>
+void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, bool rowwise,
+        bool columnwise, bool sr, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale,
+        uint8_t* qc, uint8_t* qc_scale, cudaStream_t stream);
+
+}  // namespace lowbit::quant_cuda

@@ -1,0 +1,138 @@
+// CUDA path of quantize(): allocates the GEMM-ready output tensors on the source's device and
+// launches the kernels of src/quant/*.cu. Layouts come from quant_layout(), the same function
+// the CPU twin's tensors follow, so CPU and GPU results compare byte for byte.
+#include <cuda_runtime.h>
+
+#include "lowbit/core/cuda_check.h"
+#include "lowbit/quant.h"
+#include "quant/quant_cuda.h"
+#include "quant/quant_ref.h"
+
+namespace lowbit {
+
+namespace {
+
+Tensor alloc_copy_data(const QuantizedTensor& out, Usage u, Device dev, Tensor* scale) {
+  const QuantLayout l = quant_layout(out.mode, out.dtype, out.shape[0], out.shape[1], u);
+  Tensor data = Tensor::empty(l.data_shape, l.data_dtype, dev, MemCategory::kActivations);
+  // Scales are zeroed: the layouts pad to multiples of 4 (and the kernels skip the padding).
+  *scale = Tensor::zeros(l.scale_shape, l.scale_dtype, dev, MemCategory::kActivations);
+  return data;
+}
+
+template <typename T>
+void run(Context& ctx, const TensorView& x, const QuantConfig& cfg, const QuantStreams& streams,
+         QuantizedTensor& out) {
+  const T* src = x.ptr<const T>();
+  const int64_t m = x.size(0), k = x.size(1);
+  const Device dev = x.device;
+  cudaStream_t stream = ctx.stream();
+  const bool e5m2 = cfg.dtype == DType::kE5M2;
+  const float fmax = dtype_max_finite(cfg.dtype);
+  Tensor* rs = &out.rowwise_scale_inv;
+  Tensor* cs = &out.columnwise_scale_inv;
+  auto u8 = [](Tensor& t) { return t.defined() ? t.ptr<uint8_t>() : nullptr; };
+  auto f32 = [](Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; };
+  if (cfg.rowwise) out.rowwise_data = alloc_copy_data(out, Usage::kRowwise, dev, rs);
+  if (cfg.columnwise) out.columnwise_data = alloc_copy_data(out, Usage::kColumnwise, dev, cs);
+
+  switch (cfg.mode) {
+    case ScalingMode::kPerTensor: {
+      LOWBIT_USER_CHECK(!cfg.stochastic_rounding,
+                        "stochastic rounding of per-tensor FP8 is not implemented on the GPU; "
+                        "it is available for NVFP4 and MX payloads");
+      out.amax = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+      Tensor scale_inv = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+      const float* scale_ptr;
+      Tensor scale;
+      if (cfg.delayed != nullptr) {
+        LOWBIT_USER_CHECK(cfg.delayed->scale().device() == dev,
+                          "delayed scaling: the state lives on {} but the tensor on {}; create "
+                          "the DelayedScalingState on the tensor's device",
+                          cfg.delayed->scale().device().str(), dev.str());
+        scale_ptr = cfg.delayed->scale().ptr<float>() + cfg.delayed_slot;
+      } else {
+        // Current scaling: amax pass, scale, then the cast (formats.md §2.3).
+        scale = Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace);
+        quant_cuda::amax(src, m * k, out.amax.ptr<float>(), stream);
+        quant_cuda::current_scale(out.amax.ptr<float>(), fmax, cfg.effective_pow2(),
+                                  cfg.amax_epsilon, scale.ptr<float>(), scale_inv.ptr<float>(),
+                                  stream);
+        scale_ptr = scale.ptr<float>();
+      }
+      float* amax_out = cfg.delayed != nullptr ? out.amax.ptr<float>() : nullptr;
+      quant_cuda::fp8_cast_transpose(src, m, k, scale_ptr, e5m2, u8(out.rowwise_data),
+                                     u8(out.columnwise_data), scale_inv.ptr<float>(), amax_out,
+                                     stream);
+      if (cfg.rowwise) out.rowwise_scale_inv = scale_inv;
+      if (cfg.columnwise) {
+        out.columnwise_scale_inv = cfg.rowwise ? Tensor::copy_of(scale_inv.view(), dev) : scale_inv;
+      }
+      if (cfg.delayed != nullptr) {
+        // Fold this tensor's amax into the current history row (max with earlier casts).
+        float* row0 = cfg.delayed->amax_history().ptr<float>() + cfg.delayed_slot;
+        quant_cuda::amax(out.amax.ptr<float>(), 1, row0, stream);
+      }
+      break;
+    }
+    case ScalingMode::kBlock1x128:
+    case ScalingMode::kBlock128x128: {
+      LOWBIT_USER_CHECK(!cfg.stochastic_rounding,
+                        "stochastic rounding of FP8 block scaling is not implemented on the GPU");
+      quant_cuda::fp8_block(src, m, k, cfg.mode == ScalingMode::kBlock128x128, e5m2, fmax,
+                            cfg.effective_pow2(), cfg.amax_epsilon, dtype_max_finite(x.dtype),
+                            u8(out.rowwise_data), f32(*rs), u8(out.columnwise_data), f32(*cs),
+                            nullptr, stream);
+      break;
+    }
+    case ScalingMode::kMX1x32: {
+      quant_cuda::mx(src, m, k, cfg.dtype, cfg.mx_rounding, cfg.rowwise, cfg.columnwise,
+                     streams.stochastic, streams.rowwise, streams.columnwise, u8(out.rowwise_data),
+                     u8(*rs), u8(out.columnwise_data), u8(*cs), stream);
+      break;
+    }
+    case ScalingMode::kNVFP4_1x16:
+    case ScalingMode::kNVFP4_16x16: {
+      const bool two_d = cfg.mode == ScalingMode::kNVFP4_16x16;
+      const bool rht = cfg.hadamard_columnwise && !two_d && cfg.columnwise;
+      LOWBIT_USER_CHECK(!rht || x.dtype == DType::kBF16,
+                        "the Hadamard transform takes bf16 input (formats.md §5.2); got {}",
+                        dtype_name(x.dtype));
+      Tensor amax_row = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+      Tensor amax_col = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+      // The 2D transposed copy reuses the rowwise tile scales: write them even when only the
+      // columnwise copy is asked for.
+      quant_cuda::nvfp4(src, m, k, cfg.rowwise, cfg.columnwise, rht, streams.stochastic, two_d,
+                        streams.rowwise, streams.columnwise, u8(out.rowwise_data), u8(*rs),
+                        u8(out.columnwise_data), u8(*cs), amax_row.ptr<float>(),
+                        amax_col.ptr<float>(), stream);
+      if (cfg.rowwise) out.amax = amax_row;
+      if (cfg.columnwise) {
+        out.columnwise_amax = two_d ? Tensor::copy_of(amax_row.view(), dev) : amax_col;
+        out.columnwise_hadamard = rht;
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+void quantize_cuda(Context& ctx, const TensorView& x, const QuantConfig& cfg,
+                   const QuantStreams& streams, QuantizedTensor& out) {
+  LOWBIT_CHECK(ctx.on_gpu() && ctx.device() == x.device, "quantize: context on {} but tensor on {}",
+               ctx.device().str(), x.device.str());
+  LOWBIT_CHECK(x.is_contiguous(), "CUDA quantize needs a contiguous [M, K] source, got {}",
+               x.str());
+  out = QuantizedTensor{};
+  out.mode = cfg.mode;
+  out.dtype = cfg.dtype;
+  out.shape = x.shape;
+  if (x.dtype == DType::kBF16) {
+    run<uint16_t>(ctx, x, cfg, streams, out);
+  } else {
+    run<float>(ctx, x, cfg, streams, out);
+  }
+}
+
+}  // namespace lowbit

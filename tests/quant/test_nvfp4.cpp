@@ -1,0 +1,365 @@
+// NVFP4 (E2M1 + UE4M3 per 16 + fp32 amax): 1×16 and 16×16 blocks, Hadamard columnwise copies,
+// stochastic rounding — formats.md §2.6, §5.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "lowbit/quant/hadamard16.h"
+#include "quant/quant_test_util.h"
+
+namespace lowbit {
+namespace {
+
+using namespace quant_test;
+
+QuantizedTensor run(const TensorView& x, const QuantConfig& cfg, Context* ctx_in = nullptr) {
+  Context local(Device::cpu());
+  Context& ctx = ctx_in ? *ctx_in : local;
+  QuantizedTensor q;
+  quantize(ctx, x, cfg, q);
+  q.validate();
+  return q;
+}
+
+QuantConfig rowwise_only(QuantConfig c) {
+  c.columnwise = false;
+  return c;
+}
+
+// RHT(x^T) as f32 values of bf16 results: [K, M].
+std::vector<float> rht_transposed(const TensorView& x) {
+  const int64_t m = x.size(0), k = x.size(1);
+  std::vector<float> out(static_cast<size_t>(m * k));
+  for (int64_t j = 0; j < k; ++j) {
+    for (int64_t i0 = 0; i0 < m; i0 += 16) {
+      float v[16];
+      for (int t = 0; t < 16; ++t) v[t] = value_at(x, i0 + t, j);
+      rht16_apply_f32(v);
+      for (int t = 0; t < 16; ++t) out[static_cast<size_t>(j * m + i0 + t)] = v[t];
+    }
+  }
+  return out;
+}
+
+TEST(QuantNvfp4, WorkedExample) {
+  // One row, two blocks; global amax A = 10 (formats.md §2.6, values hand-computed in the
+  // kernel's order: S_enc = 268.8, k = 44.8; block 0: b = 10 → sd = 448 (0x7E),
+  // m = 0x3F199999 ≈ 0.6; block 1: b = 2 → RN(89.6) → sd = 88 (0x6B), m ≈ 3.0545).
+  const float row[32] = {10,   3.3f,  -1.7f, 0.1f, 2.5f, -0.0f, 0.0f, 7.0f,  0,    0,    0,
+                         0,    0,     0,     0,    0,    2.0f,  1.0f, -0.5f, 0.3f, 0.2f, -0.09f,
+                         1.6f, 0.65f, 0,     0,    0,    0,     0,    0,     0,    0};
+  const Tensor x = bf16_from(1, 32, std::vector<float>(row, row + 32));
+  const QuantizedTensor q = run(x, rowwise_only(QuantConfig::nvfp4_activation()));
+  EXPECT_EQ(q.amax.ptr<float>()[0], 10.0f);
+  ASSERT_EQ(q.rowwise_scale_inv.shape(), (Shape{1, 2}));
+  EXPECT_EQ(q.rowwise_scale_inv.ptr<uint8_t>()[0], 0x7E);
+  EXPECT_EQ(q.rowwise_scale_inv.ptr<uint8_t>()[1], 0x6B);
+  // Codes: 10·m = 5.9999995 → 6 (7); 3.296875·m = 1.978 → 2 (4); -1.021 → -1 (A); 0.06 → 0;
+  // 2.5·m = 1.4999999 → 1.5 (3); -0 → 8; 0; 7·m = 4.2 → 4 (6). Block 1: 6.109 saturates to 6
+  // (7); 3.05 → 3 (5); -1.527 → -1.5 (B); 0.919 → 1 (2); 0.61 → 0.5 (1); -0.274 → -0.5 (9);
+  // 4.89 → 4 (6); 1.98 → 2 (4).
+  const uint8_t expected[16] = {0x47, 0x0A, 0x83, 0x60, 0, 0, 0, 0,
+                                0x57, 0x2B, 0x91, 0x46, 0, 0, 0, 0};
+  ASSERT_EQ(q.rowwise_data.nbytes(), 16);
+  for (int b = 0; b < 16; ++b) EXPECT_EQ(q.rowwise_data.ptr<uint8_t>()[b], expected[b]) << b;
+  // Dequantized: q · RN(RN(sd · A) · RN(1/2688)); block 0 factor 0x3FD55556.
+  const Tensor d = dequantize(q, Usage::kRowwise);
+  EXPECT_EQ(d.ptr<float>()[0], 6.0f * f32_from_bits(0x3FD55556u));
+  EXPECT_EQ(d.ptr<float>()[16], 6.0f * f32_from_bits(0x3EA79E7Au));
+}
+
+TEST(QuantNvfp4, ShapeRules) {
+  Context ctx(Device::cpu());
+  QuantizedTensor q;
+  // 65 × 80: rowwise fine (K = 80), columnwise needs M % 16.
+  const Tensor x = make_bf16(65, 80, fill_fn(Fill::kGaussian, 1));
+  try {
+    quantize(ctx, x, QuantConfig::nvfp4_activation(), q);
+    FAIL() << "65x80 columnwise accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("M = 65 must be a multiple of 16"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(quantize(ctx, x, rowwise_only(QuantConfig::nvfp4_activation()), q));
+  // 1 × 16: rowwise fine; 16×16 tiles need both dims.
+  const Tensor one = make_bf16(1, 16, fill_fn(Fill::kGaussian, 1));
+  EXPECT_NO_THROW(quantize(ctx, one, rowwise_only(QuantConfig::nvfp4_gradient()), q));
+  EXPECT_THROW(quantize(ctx, one, QuantConfig::nvfp4_weight(), q), UserError);
+  EXPECT_THROW(quantize(ctx, make_bf16(16, 24, fill_fn(Fill::kGaussian, 1)),
+                        rowwise_only(QuantConfig::nvfp4_activation()), q),
+               UserError);
+  // The Hadamard transform takes bf16 input.
+  EXPECT_THROW(quantize(ctx, make_f32(16, 16, fill_fn(Fill::kGaussian, 1)),
+                        QuantConfig::nvfp4_activation(), q),
+               UserError);
+  // And only exists for nvfp4_1x16.
+  QuantConfig w = QuantConfig::nvfp4_weight();
+  w.hadamard_columnwise = true;
+  EXPECT_THROW(quantize(ctx, make_bf16(16, 16, fill_fn(Fill::kGaussian, 1)), w, q), UserError);
+}
+
+TEST(QuantNvfp4, ZerosAndSpecials) {
+  // All zeros: A = 0 → S_enc = 1, every block scale 0, codes 0, dequantized 0.
+  QuantizedTensor q = run(make_bf16(32, 32, fill_fn(Fill::kZeros, 1)), QuantConfig::nvfp4_weight());
+  EXPECT_EQ(q.amax.ptr<float>()[0], 0.0f);
+  for (int64_t i = 0; i < q.rowwise_data.nbytes(); ++i)
+    ASSERT_EQ(q.rowwise_data.ptr<uint8_t>()[i], 0);
+  for (int64_t i = 0; i < q.rowwise_scale_inv.numel(); ++i) {
+    ASSERT_EQ(q.rowwise_scale_inv.ptr<uint8_t>()[i], 0);
+  }
+  const Tensor d = dequantize(q, Usage::kColumnwise);
+  for (int64_t i = 0; i < d.numel(); ++i) ASSERT_EQ(d.ptr<float>()[i], 0.0f);
+  // inf: A = inf → S_enc = 1; the inf block gets sd = 448 and the inf element +6 (0x7);
+  // NaN elements encode to +max (0x7, CUDA's rule) and do not enter the amax.
+  const Tensor x = make_bf16(1, 32, [](int64_t, int64_t j) {
+    if (j == 0) return std::numeric_limits<float>::infinity();
+    if (j == 16) return std::numeric_limits<float>::quiet_NaN();
+    return 1.0f;
+  });
+  q = run(x, rowwise_only(QuantConfig::nvfp4_activation()));
+  EXPECT_TRUE(std::isinf(q.amax.ptr<float>()[0]));
+  EXPECT_EQ(q.rowwise_scale_inv.ptr<uint8_t>()[0], 0x7E);
+  EXPECT_EQ(code_at(q.rowwise_data, 0), 0x7u);
+  EXPECT_EQ(code_at(q.rowwise_data, 16), 0x7u);
+  // Block 1's amax is 1: sd = ue4m3(RN(1 · RN(1/6))) and its finite elements round normally.
+  const float k_inf = nvfp4_global_scale(std::numeric_limits<float>::infinity()).k;
+  EXPECT_EQ(k_inf, f32_from_bits(0x3E2AAAABu));  // S_enc = 1 → k = RN(1/6)
+  EXPECT_EQ(q.rowwise_scale_inv.ptr<uint8_t>()[1], nvfp4_block_scale(1.0f, k_inf));
+}
+
+TEST(QuantNvfp4, Tiles16x16) {
+  const Tensor x = make_bf16(32, 48, [](int64_t i, int64_t j) {
+    return static_cast<float>((i / 16) * 3 + (j / 16) + 1) * std::sin(0.37f * (i * 48 + j));
+  });
+  const QuantizedTensor q = run(x, QuantConfig::nvfp4_weight());
+  ASSERT_EQ(q.rowwise_scale_inv.shape(), (Shape{32, 3}));
+  ASSERT_EQ(q.columnwise_scale_inv.shape(), (Shape{48, 2}));
+  ASSERT_EQ(q.columnwise_data.shape(), (Shape{48, 32}));
+  const Nvfp4GlobalScale g = nvfp4_global_scale(q.amax.ptr<float>()[0]);
+  EXPECT_EQ(q.columnwise_amax.ptr<float>()[0], q.amax.ptr<float>()[0]);
+  for (int64_t mb = 0; mb < 2; ++mb) {
+    for (int64_t kb = 0; kb < 3; ++kb) {
+      float t_amax = 0;
+      for (int64_t i = mb * 16; i < mb * 16 + 16; ++i) {
+        for (int64_t j = kb * 16; j < kb * 16 + 16; ++j)
+          t_amax = amax_combine(t_amax, value_at(x, i, j));
+      }
+      const uint8_t sd = nvfp4_block_scale(t_amax, g.k);
+      for (int64_t t = 0; t < 16; ++t) {  // replicated in the 16 rows of the tile
+        EXPECT_EQ(q.rowwise_scale_inv.ptr<uint8_t>()[(mb * 16 + t) * 3 + kb], sd);
+        EXPECT_EQ(q.columnwise_scale_inv.ptr<uint8_t>()[(kb * 16 + t) * 2 + mb], sd);
+      }
+    }
+  }
+  for (int64_t i = 0; i < 32; ++i) {
+    for (int64_t j = 0; j < 48; ++j) {
+      ASSERT_EQ(code_at(q.columnwise_data, j * 32 + i), code_at(q.rowwise_data, i * 48 + j));
+    }
+  }
+}
+
+TEST(QuantNvfp4, HadamardColumnwiseCopy) {
+  const Tensor x = make_bf16(64, 32, fill_fn(Fill::kHeavyTailed, 21));
+  const QuantizedTensor q = run(x, QuantConfig::nvfp4_activation());
+  EXPECT_TRUE(q.columnwise_hadamard);
+  // Reference: RHT(x^T) rounded to bf16, then a plain rowwise 1×16 quantization of it.
+  const std::vector<float> t = rht_transposed(x);  // [32, 64]
+  const Tensor tb = bf16_from(32, 64, t);
+  const QuantizedTensor r = run(tb, rowwise_only(QuantConfig::nvfp4_activation()));
+  EXPECT_EQ(q.columnwise_amax.ptr<float>()[0], r.amax.ptr<float>()[0]);  // post-RHT amax
+  EXPECT_NE(q.columnwise_amax.ptr<float>()[0], q.amax.ptr<float>()[0]);
+  for (int64_t i = 0; i < 32 * 64 / 2; ++i) {
+    ASSERT_EQ(q.columnwise_data.ptr<uint8_t>()[i], r.rowwise_data.ptr<uint8_t>()[i]) << i;
+  }
+  for (int64_t i = 0; i < 32 * 4; ++i) {
+    ASSERT_EQ(q.columnwise_scale_inv.ptr<uint8_t>()[i], r.rowwise_scale_inv.ptr<uint8_t>()[i]);
+  }
+  // Transforming the dequantized copy back (· H^T) approximates x^T.
+  const Tensor d = dequantize(q, Usage::kColumnwise);  // [32, 64] = RHT(x^T) approx
+  double err2 = 0, ref2 = 0;
+  for (int64_t j = 0; j < 32; ++j) {
+    for (int64_t i0 = 0; i0 < 64; i0 += 16) {
+      for (int a = 0; a < 16; ++a) {
+        double back = 0;
+        for (int b = 0; b < 16; ++b) back += d.ptr<float>()[j * 64 + i0 + b] * rht16_entry(a, b);
+        const double ref = value_at(x, i0 + a, j);
+        err2 += (back - ref) * (back - ref);
+        ref2 += ref * ref;
+      }
+    }
+  }
+  EXPECT_LT(std::sqrt(err2 / ref2), 0.2);
+}
+
+TEST(QuantNvfp4, StochasticRoundingIndexAndStreams) {
+  // Element (r, c) of a copy draws philox_uint32(seed, offset, r · cols + c) in the copy's own
+  // orientation: rowwise [M, K] with `offset`, the transposed columnwise [K, M] with offset + 1.
+  const Tensor x = make_bf16(32, 48, fill_fn(Fill::kGaussian, 5));
+  QuantConfig cfg = QuantConfig::nvfp4_gradient();
+  cfg.hadamard_columnwise = false;
+  cfg.sr_key = RngKey{1234, 77};
+  const QuantizedTensor q = run(x, cfg);
+  const Nvfp4GlobalScale g = nvfp4_global_scale(q.amax.ptr<float>()[0]);
+  for (int64_t i = 0; i < 32; ++i) {
+    for (int64_t j = 0; j < 48; ++j) {
+      const uint8_t sd = q.rowwise_scale_inv.ptr<uint8_t>()[i * 3 + j / 16];
+      const float m = nvfp4_block_multiplier(sd, g.s_dec);
+      const uint32_t expect = encode_sr(DType::kE2M1, mul_rn(value_at(x, i, j), m),
+                                        philox_uint32(1234, 77, static_cast<uint64_t>(i * 48 + j)));
+      ASSERT_EQ(code_at(q.rowwise_data, i * 48 + j), expect) << i << "," << j;
+      const uint8_t sdt = q.columnwise_scale_inv.ptr<uint8_t>()[j * 2 + i / 16];
+      const float mt = nvfp4_block_multiplier(sdt, g.s_dec);
+      const uint32_t expect_t =
+          encode_sr(DType::kE2M1, mul_rn(value_at(x, i, j), mt),
+                    philox_uint32(1234, 78, static_cast<uint64_t>(j * 32 + i)));
+      ASSERT_EQ(code_at(q.columnwise_data, j * 32 + i), expect_t) << i << "," << j;
+    }
+  }
+  // Same key → same codes; context-drawn keys advance the offset, set_seed replays.
+  const QuantizedTensor q2 = run(x, cfg);
+  for (int64_t b = 0; b < q.rowwise_data.nbytes(); ++b) {
+    ASSERT_EQ(q.rowwise_data.ptr<uint8_t>()[b], q2.rowwise_data.ptr<uint8_t>()[b]);
+  }
+  cfg.sr_key.reset();
+  Context ctx(Device::cpu());
+  ctx.set_seed(99);
+  const QuantizedTensor a = run(x, cfg, &ctx);
+  const QuantizedTensor b = run(x, cfg, &ctx);
+  ctx.set_seed(99);
+  const QuantizedTensor a2 = run(x, cfg, &ctx);
+  int differ = 0;
+  for (int64_t i = 0; i < a.rowwise_data.nbytes(); ++i) {
+    differ += a.rowwise_data.ptr<uint8_t>()[i] != b.rowwise_data.ptr<uint8_t>()[i];
+    ASSERT_EQ(a.rowwise_data.ptr<uint8_t>()[i], a2.rowwise_data.ptr<uint8_t>()[i]);
+  }
+  EXPECT_GT(differ, 0);
+}
+
+TEST(QuantNvfp4, StochasticRoundingIsUnbiased) {
+  // Rows [6, v_1 .. v_15]: A = 6 makes every block scale 448 and the multiplier ≈ 1, so the
+  // values are rounded between adjacent E2M1 magnitudes. Mean over many rows and calls must
+  // match the value within a few standard errors; round-to-nearest is visibly biased.
+  const float vals[15] = {0.3f, 0.74f, 1.1f,   1.3f,  1.9f,  2.2f,  2.9f, 3.3f,
+                          4.7f, 5.5f,  -0.13f, -1.7f, -2.6f, -3.9f, 0.55f};
+  const int64_t rows = 4096;
+  const Tensor x =
+      make_bf16(rows, 16, [&](int64_t, int64_t j) { return j == 0 ? 6.0f : vals[j - 1]; });
+  QuantConfig cfg = rowwise_only(QuantConfig::nvfp4_gradient());
+  double sum[16] = {}, sum2[16] = {};
+  const int calls = 4;
+  for (int call = 0; call < calls; ++call) {
+    cfg.sr_key = RngKey{42, static_cast<uint64_t>(10 * call)};
+    const QuantizedTensor q = run(x, cfg);
+    const Tensor d = dequantize(q, Usage::kRowwise);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int j = 1; j < 16; ++j) {
+        const double v = d.ptr<float>()[i * 16 + j];
+        sum[j] += v;
+        sum2[j] += v * v;
+      }
+    }
+  }
+  const double n = static_cast<double>(rows) * calls;
+  QuantConfig rn_cfg = rowwise_only(QuantConfig::nvfp4_activation());
+  const Tensor d_rn = dequantize(run(x, rn_cfg), Usage::kRowwise);
+  for (int j = 1; j < 16; ++j) {
+    const double target = value_at(x, 0, j);
+    const double mean = sum[j] / n;
+    const double var = std::max(sum2[j] / n - mean * mean, 1e-12);
+    const double se = std::sqrt(var / n);
+    EXPECT_LE(std::fabs(mean - target), 5 * se + 1e-5 * std::fabs(target))
+        << "value " << target << " mean " << mean << " se " << se;
+    // Round to nearest: deterministic, error up to half a gap — much larger than 5 SE here.
+    const double rn_bias = std::fabs(d_rn.ptr<float>()[j] - target);
+    if (rn_bias > 0.05) EXPECT_GT(rn_bias, 5 * se) << target;
+  }
+}
+
+TEST(QuantNvfp4, Fp8StochasticRoundingIsUnbiased) {
+  // The same SR path serves FP8: per-tensor E4M3 with scale 1 (amax 448).
+  const float vals[7] = {0.3f, 1.1f, 100.5f, -7.3f, 0.013f, 250.0f, -33.3f};
+  const int64_t rows = 8192;
+  const Tensor x =
+      make_f32(rows, 8, [&](int64_t, int64_t j) { return j == 0 ? 448.0f : vals[j - 1]; });
+  QuantConfig cfg = QuantConfig::fp8_current();
+  cfg.columnwise = false;
+  cfg.stochastic_rounding = true;
+  cfg.sr_key = RngKey{7, 3};
+  const Tensor d = dequantize(run(x, cfg), Usage::kRowwise);
+  for (int j = 1; j < 8; ++j) {
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      const double v = d.ptr<float>()[i * 8 + j];
+      s += v;
+      s2 += v * v;
+    }
+    const double mean = s / rows, se = std::sqrt(std::max(s2 / rows - mean * mean, 1e-12) / rows);
+    EXPECT_LE(std::fabs(mean - vals[j - 1]), 5 * se + 1e-6 * std::fabs(vals[j - 1])) << vals[j - 1];
+  }
+}
+
+TEST(QuantNvfp4, TinyAmaxFlushesToZero) {
+  // With A below 2688 / FLT_MAX (≈ 7.9e-36), S_enc = RN(2688/A) overflows to FLT_MAX, S_dec is an
+  // fp32 subnormal and the block multipliers RN(1/RN(sd · S_dec)) overflow and clamp at FLT_MAX
+  // (§2.6 order): the elements come out far below their true scaled size and mostly round to 0.
+  // The format cannot represent such a tensor; what must hold is that nothing is amplified and
+  // nothing turns non-finite.
+  const Tensor x = make_bf16(64, 80, fill_fn(Fill::kSubnormal, 3));
+  QuantConfig cfg = QuantConfig::nvfp4_activation();
+  const QuantizedTensor q = run(x, cfg);
+  EXPECT_EQ(nvfp4_global_scale(q.amax.ptr<float>()[0]).s_enc, std::numeric_limits<float>::max());
+  for (Usage u : {Usage::kRowwise, Usage::kColumnwise}) {
+    const Tensor d = dequantize(q, u);
+    const std::vector<float> ref = u == Usage::kRowwise ? source_f32(x, false) : rht_transposed(x);
+    for (int64_t i = 0; i < d.numel(); ++i) {
+      const float v = d.ptr<float>()[i];
+      ASSERT_TRUE(std::isfinite(v));
+      ASSERT_LE(std::fabs(v - ref[static_cast<size_t>(i)]), std::fabs(ref[static_cast<size_t>(i)]));
+    }
+  }
+}
+
+TEST(QuantNvfp4, RoundTripBounds) {
+  struct Case {
+    int64_t m, k;
+    QuantConfig cfg;
+  };
+  const Case cases[] = {
+      {1, 16, rowwise_only(QuantConfig::nvfp4_activation())},
+      {65, 80, rowwise_only(QuantConfig::nvfp4_gradient())},
+      {64, 80, QuantConfig::nvfp4_activation()},
+      {64, 80, QuantConfig::nvfp4_weight()},
+      {64, 80, QuantConfig::nvfp4_gradient()},
+      {992, 512, QuantConfig::nvfp4_activation()},
+      {993, 512, rowwise_only(QuantConfig::nvfp4_gradient())},
+  };
+  const Fill fills[] = {Fill::kGaussian,  Fill::kHeavyTailed, Fill::kZeros,
+                        Fill::kSubnormal, Fill::kNearMax,     Fill::kSpecials};
+  for (const Case& c : cases) {
+    for (Fill fill : fills) {
+      if (c.m * c.k > 100000 && fill != Fill::kGaussian && fill != Fill::kHeavyTailed) continue;
+      if (fill == Fill::kSubnormal) continue;  // TinyAmaxFlushesToZero
+      const Tensor x = make_bf16(c.m, c.k, fill_fn(fill, c.m + c.k, 6.0f));
+      const QuantizedTensor q = run(x, c.cfg);
+      if (fill == Fill::kSpecials && q.has_rowwise()) {
+        // An inf element makes A = inf: S_enc = 1 for quantization, but the dequantization
+        // factor sd · A / 2688 is infinite for the whole tensor (TE's formula).
+        EXPECT_TRUE(std::isinf(q.amax.ptr<float>()[0]));
+      }
+      if (q.has_rowwise()) {
+        const bool sr = c.cfg.stochastic_rounding;
+        const RoundTripStats st = check_round_trip(q, Usage::kRowwise, source_f32(x, false), sr);
+        EXPECT_LE(st.max_rel_normal, sr ? 0.5 : 0.25);  // E2M1: 2^-(1+1), SR a whole quantum
+      }
+      if (q.has_columnwise()) {
+        const std::vector<float> ref =
+            q.columnwise_hadamard ? rht_transposed(x) : source_f32(x, true);
+        check_round_trip(q, Usage::kColumnwise, ref, c.cfg.stochastic_rounding);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lowbit
