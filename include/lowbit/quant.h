@@ -110,7 +110,8 @@ struct QuantLayout {
 QuantLayout quant_layout(ScalingMode mode, DType dtype, int64_t m, int64_t k, Usage usage);
 
 // Quantizes a 2-D [M, K] bf16 or f32 tensor (any strides) into `out` (whose tensors are
-// replaced). CPU tensors run the reference implementation; CUDA tensors are not built yet.
+// replaced). CPU tensors run the reference implementation (src/quant/*_ref.cpp); CUDA tensors
+// (contiguous) run the kernels of src/quant/*.cu, which produce the same bytes.
 void quantize(Context& ctx, const TensorView& x, const QuantConfig& cfg, QuantizedTensor& out);
 
 // Dequantizes one copy to f32, in its stored orientation ([K, M] for transposed columnwise

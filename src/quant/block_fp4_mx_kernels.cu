@@ -30,37 +30,55 @@ struct TileSmem {
   float part[kT][kT / 16];  // NVFP4 16×16: amax of each 1×16 row block
 };
 
-// Element conversion after scaling: FP8 by hardware cvt, E2M1 by comparisons, FP6 by the
-// codec; stochastic rounding by the codec with the element's Philox bits.
-__device__ __forceinline__ uint32_t convert(DType t, float v, bool sr, uint32_t rbits) {
-  if (sr) return encode_sr(t, v, rbits);
-  if (t == DType::kE4M3 || t == DType::kE5M2) return cvt_fp8(v, t == DType::kE5M2);
-  if (t == DType::kE2M1) return cvt_e2m1_rn(v);
-  return encode_rn(t, v);
+// Element conversion after scaling, resolved at compile time per element type: FP8 by hardware
+// cvt (two at a time), E2M1 by comparisons, FP6 by the codec; stochastic rounding by the codec
+// with the element's Philox bits. One instantiation per (type, rounding) keeps each kernel's
+// code small.
+template <DType kType, bool kSR>
+__device__ __forceinline__ uint32_t convert(float v, uint32_t rbits) {
+  if constexpr (kSR) return encode_sr(kType, v, rbits);
+  if constexpr (kType == DType::kE4M3 || kType == DType::kE5M2) {
+    return cvt_fp8(v, kType == DType::kE5M2);
+  }
+  if constexpr (kType == DType::kE2M1) return cvt_e2m1_rn(v);
+  return encode_rn(kType, v);
 }
 
-// Quantizes the 16 or 32 values `v` of one block with multiplier `mult` into `codes`; the
-// element with in-block position i has logical index idx0 + i·stride_idx in its copy.
-template <int N>
-__device__ __forceinline__ void quantize_block(DType t, const float (&v)[N], float mult, bool sr,
-                                               RngKey key, int64_t idx0, int64_t stride_idx,
+// Quantizes the N values `v` of one block with multiplier `mult` into `codes`; the element with
+// in-block position i has logical index idx0 + i·stride_idx in its copy (its Philox index).
+template <int N, DType kType, bool kSR>
+__device__ __forceinline__ void quantize_block(const float (&v)[N], float mult, RngKey key,
+                                               int64_t idx0, int64_t stride_idx,
                                                uint8_t (&codes)[N]) {
-  if (sr && stride_idx == 1 && (idx0 & 3) == 0) {
+  if constexpr (!kSR) {
+    if constexpr (kType == DType::kE4M3 || kType == DType::kE5M2) {
+#pragma unroll
+      for (int i = 0; i < N; i += 2) {
+        const uint32_t pair =
+            cvt_fp8x2(mul_rn(v[i], mult), mul_rn(v[i + 1], mult), kType == DType::kE5M2);
+        codes[i] = pair & 0xFFu;
+        codes[i + 1] = pair >> 8;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) codes[i] = convert<kType, false>(mul_rn(v[i], mult), 0u);
+    }
+  } else if (stride_idx == 1 && (idx0 & 3) == 0) {
     // Four consecutive indices share one Philox block.
 #pragma unroll
     for (int g = 0; g < N / 4; ++g) {
       const Philox4 r = philox_block(key.seed, key.offset, uint64_t(idx0 + 4 * g) >> 2);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        codes[4 * g + j] = convert(t, mul_rn(v[4 * g + j], mult), true, r.v[j]);
+      for (int j = 0; j < 4; ++j) {
+        codes[4 * g + j] = convert<kType, true>(mul_rn(v[4 * g + j], mult), r.v[j]);
+      }
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const uint32_t rb =
-        sr ? philox_uint32(key.seed, key.offset, uint64_t(idx0 + i * stride_idx)) : 0u;
-    codes[i] = convert(t, mul_rn(v[i], mult), sr, rb);
+    for (int i = 0; i < N; ++i) {
+      const uint32_t rb = philox_uint32(key.seed, key.offset, uint64_t(idx0 + i * stride_idx));
+      codes[i] = convert<kType, true>(mul_rn(v[i], mult), rb);
+    }
   }
 }
 
@@ -68,20 +86,29 @@ __device__ __forceinline__ void quantize_block(DType t, const float (&v)[N], flo
 template <typename T>
 __device__ __forceinline__ void load_tile(TileSmem& s, const T* x, int64_t M, int64_t K, int64_t m0,
                                           int64_t k0) {
+  constexpr int kChunks = kT * kT / 8 / kThreads;  // 8-element chunks per thread
   const bool vec_ok = (K % 8) == 0;
-  for (int c = threadIdx.x; c < kT * kT / 8; c += kThreads) {
+  float v[kChunks][8];
+  // All loads first, so that every thread has its 16-byte requests in flight together.
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = threadIdx.x + j * kThreads;
     const int r = c / (kT / 8), cc = (c % (kT / 8)) * 8;
     const int64_t m = m0 + r, k = k0 + cc;
-    float v[8];
     if (m < M && k < K) {
       const int valid = int(K - k < 8 ? K - k : 8);
-      load8(x + m * K + k, vec_ok && valid == 8, valid, v);
+      load8(x + m * K + k, vec_ok && valid == 8, valid, v[j]);
     } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+      for (int i = 0; i < 8; ++i) v[j][i] = 0.0f;
     }
+  }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s.x[r][cc + i] = v[i];
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = threadIdx.x + j * kThreads;
+    const int r = c / (kT / 8), cc = (c % (kT / 8)) * 8;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s.x[r][cc + i] = v[j][i];
   }
 }
 
@@ -124,6 +151,13 @@ __device__ __forceinline__ void column_chunk(const TileSmem& s, int kk, int mb, 
 // ---- NVFP4
 // ---------------------------------------------------------------------------------------
 
+// nvfp4_block_scale() with the UE4M3 cast done by cvt.rn.satfinite.e4m3: the scaled block amax
+// is never negative (or NaN: amaxes skip NaN), and for such values the E4M3 code is the UE4M3
+// code (the GPU codec tests prove cvt identical to encode_rn).
+__device__ __forceinline__ uint8_t block_scale_fast(float block_amax, float k) {
+  return static_cast<uint8_t>(cvt_fp8(fmin_num(mul_rn(block_amax, k), f32_max_finite()), false));
+}
+
 struct Nvfp4Args {
   int64_t M, K;
   bool rowwise, columnwise, rht, sr, two_d;
@@ -136,8 +170,8 @@ struct Nvfp4Args {
   float* amax_col;    // [1] global amax of the columnwise copy (after RHT)
 };
 
-template <typename T, Pass kPass>
-__global__ void __launch_bounds__(kThreads) nvfp4_kernel(const T* __restrict__ x, Nvfp4Args a) {
+template <typename T, Pass kPass, bool kSR>
+__global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict__ x, Nvfp4Args a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   TileSmem& s = *reinterpret_cast<TileSmem*>(smem_raw);
   const int64_t m0 = int64_t(blockIdx.y) * kT, k0 = int64_t(blockIdx.x) * kT;
@@ -180,14 +214,14 @@ __global__ void __launch_bounds__(kThreads) nvfp4_kernel(const T* __restrict__ x
       float ta = 0.0f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) ta = amax_combine(ta, s.part[(r / 16) * 16 + i][rb]);
-      const uint8_t sd = nvfp4_block_scale(ta, g_row.k);
+      const uint8_t sd = block_scale_fast(ta, g_row.k);
       const float mult = nvfp4_block_multiplier(sd, g_row.s_dec);
       float v[16];
       uint8_t codes[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) v[i] = s.x[r][rb * 16 + i];
-      quantize_block<16>(DType::kE2M1, v, mult, a.sr, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1,
-                         codes);
+      quantize_block<16, DType::kE2M1, kSR>(v, mult, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1,
+                                            codes);
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         s.rc[r][rb * 16 + i] = codes[i];
@@ -211,10 +245,10 @@ __global__ void __launch_bounds__(kThreads) nvfp4_kernel(const T* __restrict__ x
           v[i] = s.x[r][rb * 16 + i];
           ra = amax_combine(ra, v[i]);
         }
-        const uint8_t sd = nvfp4_block_scale(ra, g_row.k);
+        const uint8_t sd = block_scale_fast(ra, g_row.k);
         const float mult = nvfp4_block_multiplier(sd, g_row.s_dec);
-        quantize_block<16>(DType::kE2M1, v, mult, a.sr, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1,
-                           codes);
+        quantize_block<16, DType::kE2M1, kSR>(v, mult, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1,
+                                              codes);
 #pragma unroll
         for (int i = 0; i < 16; ++i) s.rc[r][rb * 16 + i] = codes[i];
         if (row_in) a.q_scale[(m0 + r) * (a.K / 16) + (k0 / 16 + rb)] = sd;
@@ -227,10 +261,10 @@ __global__ void __launch_bounds__(kThreads) nvfp4_kernel(const T* __restrict__ x
         float ca = 0.0f;
 #pragma unroll
         for (int i = 0; i < 16; ++i) ca = amax_combine(ca, v[i]);
-        const uint8_t sd = nvfp4_block_scale(ca, g_col.k);
+        const uint8_t sd = block_scale_fast(ca, g_col.k);
         const float mult = nvfp4_block_multiplier(sd, g_col.s_dec);
-        quantize_block<16>(DType::kE2M1, v, mult, a.sr, a.col_key, (k0 + kk) * a.M + m0 + mb * 16,
-                           1, codes);
+        quantize_block<16, DType::kE2M1, kSR>(v, mult, a.col_key, (k0 + kk) * a.M + m0 + mb * 16, 1,
+                                              codes);
 #pragma unroll
         for (int i = 0; i < 16; ++i) s.cc[kk][mb * 16 + i] = codes[i];
         if (col_in) a.qt_scale[(k0 + kk) * (a.M / 16) + (m0 / 16 + mb)] = sd;
@@ -257,7 +291,7 @@ struct MxArgs {
   uint8_t* qc_scale;  // [M/32, K] e8m0
 };
 
-template <typename T>
+template <typename T, DType kType, bool kSR>
 __global__ void __launch_bounds__(kThreads) mx_kernel(const T* __restrict__ x, MxArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   TileSmem& s = *reinterpret_cast<TileSmem*>(smem_raw);
@@ -278,9 +312,9 @@ __global__ void __launch_bounds__(kThreads) mx_kernel(const T* __restrict__ x, M
         v[i] = s.x[r][b * 32 + i];
         am = amax_combine(am, v[i]);
       }
-      const uint8_t e = mx_scale(am, a.t, a.rounding);
-      quantize_block<32>(a.t, v, mx_multiplier(e), a.sr, a.row_key, (m0 + r) * a.K + k0 + b * 32, 1,
-                         codes);
+      const uint8_t e = mx_scale(am, kType, a.rounding);
+      quantize_block<32, kType, kSR>(v, mx_multiplier(e), a.row_key, (m0 + r) * a.K + k0 + b * 32,
+                                     1, codes);
 #pragma unroll
       for (int i = 0; i < 32; ++i) s.rc[r][b * 32 + i] = codes[i];
       if (m0 + r < a.M && k0 + b * 32 < a.K) a.q_scale[(m0 + r) * (a.K / 32) + k0 / 32 + b] = e;
@@ -295,16 +329,16 @@ __global__ void __launch_bounds__(kThreads) mx_kernel(const T* __restrict__ x, M
       v[i] = s.x[b * 32 + i][kk];
       am = amax_combine(am, v[i]);
     }
-    const uint8_t e = mx_scale(am, a.t, a.rounding);
-    quantize_block<32>(a.t, v, mx_multiplier(e), a.sr, a.col_key, (m0 + b * 32) * a.K + k0 + kk,
-                       a.K, codes);
+    const uint8_t e = mx_scale(am, kType, a.rounding);
+    quantize_block<32, kType, kSR>(v, mx_multiplier(e), a.col_key, (m0 + b * 32) * a.K + k0 + kk,
+                                   a.K, codes);
 #pragma unroll
     for (int i = 0; i < 32; ++i) s.cc[b * 32 + i][kk] = codes[i];
     if (k0 + kk < a.K && m0 + b * 32 < a.M) a.qc_scale[(m0 / 32 + b) * a.K + k0 + kk] = e;
   }
   __syncthreads();
-  if (a.rowwise) store_codes(s.rc, a.t, a.q, a.M, a.K, m0, k0);
-  if (a.columnwise) store_codes(s.cc, a.t, a.qc, a.M, a.K, m0, k0);
+  if (a.rowwise) store_codes(s.rc, kType, a.q, a.M, a.K, m0, k0);
+  if (a.columnwise) store_codes(s.cc, kType, a.qc, a.M, a.K, m0, k0);
 }
 
 template <typename K>
@@ -323,8 +357,9 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
   const dim3 grid(unsigned(ceil_div(K, kT)), unsigned(ceil_div(M, kT)));
   Nvfp4Args a{M,       K, rowwise, columnwise, rht,      sr,       two_d,   row_key,
               col_key, q, q_scale, qt,         qt_scale, amax_row, amax_col};
-  auto amax_pass = nvfp4_kernel<T, Pass::kAmax>;
-  auto quant_pass = nvfp4_kernel<T, Pass::kQuantize>;
+  auto amax_pass = nvfp4_kernel<T, Pass::kAmax, false>;
+  auto quant_pass =
+      sr ? nvfp4_kernel<T, Pass::kQuantize, true> : nvfp4_kernel<T, Pass::kQuantize, false>;
   set_smem(amax_pass);
   set_smem(quant_pass);
   amax_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
@@ -333,6 +368,18 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+template <typename T, DType kType>
+void launch_mx(const T* x, const MxArgs& a, dim3 grid, cudaStream_t stream) {
+  auto kern = a.sr ? mx_kernel<T, kType, true> : mx_kernel<T, kType, false>;
+  set_smem(kern);
+  kern<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
 template <typename T>
 void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, bool rowwise,
         bool columnwise, bool sr, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale,
@@ -340,10 +387,15 @@ void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, boo
   if (M == 0 || K == 0) return;
   const dim3 grid(unsigned(ceil_div(K, kT)), unsigned(ceil_div(M, kT)));
   MxArgs a{M, K, t, rounding, rowwise, columnwise, sr, row_key, col_key, q, q_scale, qc, qc_scale};
-  auto kern = mx_kernel<T>;
-  set_smem(kern);
-  kern<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
-  LOWBIT_CUDA_CHECK_LAUNCH();
+  switch (t) {
+    case DType::kE4M3: launch_mx<T, DType::kE4M3>(x, a, grid, stream); break;
+    case DType::kE5M2: launch_mx<T, DType::kE5M2>(x, a, grid, stream); break;
+    case DType::kE3M2: launch_mx<T, DType::kE3M2>(x, a, grid, stream); break;
+    case DType::kE2M3: launch_mx<T, DType::kE2M3>(x, a, grid, stream); break;
+    case DType::kE2M1: launch_mx<T, DType::kE2M1>(x, a, grid, stream); break;
+    default:
+      LOWBIT_CHECK(false, "MX payload type {} is not e4m3/e5m2/e3m2/e2m3/e2m1", dtype_name(t));
+  }
 }
 
 #define LOWBIT_INSTANTIATE(T)                                                                      \

@@ -109,11 +109,23 @@ __device__ __forceinline__ void atomic_max_nonneg(float* addr, float v) {
   atomicMax(reinterpret_cast<unsigned int*>(addr), __float_as_uint(v));
 }
 
-// Block-wide amax folded into *out (one atomic per warp).
+// Block-wide amax folded into *out with ONE atomic per thread block: every block of a grid
+// targets the same address, and same-address atomics serialise in L2, so per-warp atomics
+// would cost more than the kernel's memory traffic. Must be reached by every thread of the
+// block (it synchronises); `out` must be the same for all of them.
 __device__ __forceinline__ void block_amax_to_global(float local, float* out) {
   if (out == nullptr) return;
+  __shared__ float warp_amax[32];
   local = warp_max(local);
-  if ((threadIdx.x & 31) == 0) atomic_max_nonneg(out, local);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // warp_amax may still be read by an earlier call in this block
+  if (lane == 0) warp_amax[warp] = local;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float a = 0.0f;
+    for (int w = 0; w < int((blockDim.x + 31) / 32); ++w) a = fmax_num(a, warp_amax[w]);
+    atomic_max_nonneg(out, a);
+  }
 }
 
 }  // namespace lowbit::quant_cuda

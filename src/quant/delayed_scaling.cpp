@@ -17,8 +17,8 @@ namespace {
 void require_cpu(const Tensor& t, const char* what) {
   if (t.device().is_cuda()) {
     throw_internal(__FILE__, __LINE__,
-                   fmt::format("DelayedScalingState::{}: the CUDA kernels of the quant layer are "
-                               "not built yet; keep the state on the CPU",
+                   fmt::format("DelayedScalingState::{}: updating a state that lives on the GPU "
+                               "is not implemented yet; keep the state on the CPU",
                                what));
   }
 }

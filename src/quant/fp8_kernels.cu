@@ -58,7 +58,7 @@ __global__ void current_scale_kernel(const float* amax, float fmax, bool pow2, f
 constexpr int kTM = 64, kTK = 128;
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 4)
     fp8_cast_transpose_kernel(const T* __restrict__ x,  // [M, K]
                               int64_t M, int64_t K, const float* scale_ptr, bool e5m2,
                               uint8_t* __restrict__ q,   // [M, K] or null
@@ -70,29 +70,43 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t m0 = int64_t(blockIdx.y) * kTM, k0 = int64_t(blockIdx.x) * kTK;
   const bool vec_ok = (K % 8) == 0;
   float local_amax = 0.0f;
-  // Rowwise: each thread converts chunks of 8 elements of one row.
-  for (int c = threadIdx.x; c < kTM * kTK / 8; c += kThreads) {
+  // Rowwise: each thread converts kChunks chunks of 8 elements; all loads are issued first so
+  // that each thread has its 16-byte requests in flight together.
+  constexpr int kChunks = kTM * kTK / 8 / kThreads;
+  float v[kChunks][8];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = threadIdx.x + j * kThreads;
     const int r = c / (kTK / 8), cc = (c % (kTK / 8)) * 8;
     const int64_t m = m0 + r, k = k0 + cc;
-    uint2 codes = make_uint2(0, 0);
     if (m < M && k < K) {
       const int valid = int(K - k < 8 ? K - k : 8);
-      float v[8];
-      load8(x + m * K + k, vec_ok && valid == 8, valid, v);
-      uint32_t w[4];
+      load8(x + m * K + k, vec_ok && valid == 8, valid, v[j]);
+    } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        local_amax = amax_combine(local_amax, v[2 * i]);
-        local_amax = amax_combine(local_amax, v[2 * i + 1]);
-        w[i] = cvt_fp8x2(mul_rn(v[2 * i], scale), mul_rn(v[2 * i + 1], scale), e5m2);
-      }
-      codes = make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
-      if (q != nullptr) {
-        if (vec_ok && valid == 8) {
-          *reinterpret_cast<uint2*>(q + m * K + k) = codes;
-        } else {
-          for (int i = 0; i < valid; ++i)
-            q[m * K + k + i] = (i < 4 ? codes.x >> (8 * i) : codes.y >> (8 * (i - 4))) & 0xFF;
+      for (int i = 0; i < 8; ++i) v[j][i] = 0.0f;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = threadIdx.x + j * kThreads;
+    const int r = c / (kTK / 8), cc = (c % (kTK / 8)) * 8;
+    const int64_t m = m0 + r, k = k0 + cc;
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      local_amax = amax_combine(local_amax, v[j][2 * i]);
+      local_amax = amax_combine(local_amax, v[j][2 * i + 1]);
+      w[i] = cvt_fp8x2(mul_rn(v[j][2 * i], scale), mul_rn(v[j][2 * i + 1], scale), e5m2);
+    }
+    const uint2 codes = make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+    if (q != nullptr && m < M && k < K) {
+      const int valid = int(K - k < 8 ? K - k : 8);
+      if (vec_ok && valid == 8) {
+        *reinterpret_cast<uint2*>(q + m * K + k) = codes;
+      } else {
+        for (int i = 0; i < valid; ++i) {
+          q[m * K + k + i] = (i < 4 ? codes.x >> (8 * i) : codes.y >> (8 * (i - 4))) & 0xFF;
         }
       }
     }
@@ -100,25 +114,31 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (qt != nullptr) {
     __syncthreads();
-    // Columnwise: thread → (column kk, 16-row segment); a warp reads 32 neighbouring columns of
-    // one row segment (conflict-free) and writes 16 bytes along M.
+    // Columnwise: thread → (column kk, 32-row segment): a warp reads 32 neighbouring columns of
+    // one row segment (conflict-free) and each thread writes one full 32-byte sector along M.
     const bool vec_t = (M % 16) == 0;
-    for (int c = threadIdx.x; c < kTK * (kTM / 16); c += kThreads) {
-      const int kk = c % kTK, seg = (c / kTK) * 16;
+    for (int c = threadIdx.x; c < kTK * (kTM / 32); c += kThreads) {
+      const int kk = c % kTK, seg = (c / kTK) * 32;
       const int64_t k = k0 + kk, m = m0 + seg;
       if (k >= K || m >= M) continue;
-      uint32_t w[4];
+      uint32_t w[8];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < 8; ++i) {
         w[i] = uint32_t(tile[seg + 4 * i][kk]) | (uint32_t(tile[seg + 4 * i + 1][kk]) << 8) |
                (uint32_t(tile[seg + 4 * i + 2][kk]) << 16) |
                (uint32_t(tile[seg + 4 * i + 3][kk]) << 24);
       }
-      if (vec_t && m + 16 <= M) {
-        *reinterpret_cast<uint4*>(qt + k * M + m) = make_uint4(w[0], w[1], w[2], w[3]);
-      } else {
-        for (int i = 0; i < 16 && m + i < M; ++i)
-          qt[k * M + m + i] = (w[i / 4] >> (8 * (i % 4))) & 0xFF;
+      for (int h = 0; h < 2; ++h) {
+        const int64_t mh = m + 16 * h;
+        if (mh >= M) break;
+        if (vec_t && mh + 16 <= M) {
+          *reinterpret_cast<uint4*>(qt + k * M + mh) =
+              make_uint4(w[4 * h], w[4 * h + 1], w[4 * h + 2], w[4 * h + 3]);
+        } else {
+          for (int i = 0; i < 16 && mh + i < M; ++i) {
+            qt[k * M + mh + i] = (w[4 * h + i / 4] >> (8 * (i % 4))) & 0xFF;
+          }
+        }
       }
     }
   }
@@ -136,6 +156,20 @@ __global__ void __launch_bounds__(kThreads)
 //  * 128×128: one scale for the whole tile; the transposed copy is the exact transpose.
 constexpr int kB = 128;
 
+// Exact round trips between the source type and fp32 (the values came from T).
+template <typename T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ uint16_t from_f32<uint16_t>(float v) {
+  return static_cast<uint16_t>(__float_as_uint(v) >> 16);
+}
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_f32(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+__device__ __forceinline__ float to_f32(float v) { return v; }
+
 template <typename T, bool k2D>
 __global__ void __launch_bounds__(kThreads)
     fp8_block_kernel(const T* __restrict__ x,  // [M, K]
@@ -146,9 +180,11 @@ __global__ void __launch_bounds__(kThreads)
                      uint8_t* __restrict__ qt,      // [K, M] or null
                      float* __restrict__ qt_scale,  // columnwise scale_inv
                      float* amax_out) {
-  extern __shared__ __align__(16) float smem[];
-  float(*tile)[kB + 1] = reinterpret_cast<float(*)[kB + 1]>(smem);  // [128][129] fp32
-  float* col_part = smem + kB * (kB + 1);                           // [2][128] partial amax
+  // The tile is kept in the source type (bf16 stays 2 bytes: 33 KB instead of 66 KB, twice the
+  // resident blocks); the row pitch of kB + 2 elements keeps column reads conflict-free.
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T(*tile)[kB + 2] = reinterpret_cast<T(*)[kB + 2]>(smem_raw);                       // [128][130]
+  float* col_part = reinterpret_cast<float*>(smem_raw + sizeof(T) * kB * (kB + 2));  // [2][128]
   __shared__ float warp_red[kThreads / 32];
   const int64_t m0 = int64_t(blockIdx.y) * kB, k0 = int64_t(blockIdx.x) * kB;
   const int64_t k_blocks = ceil_div(K, kB), m_blocks = ceil_div(M, kB);
@@ -169,7 +205,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < 8; ++i) v[i] = 0.0f;
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) tile[r][cc + i] = v[i];
+    for (int i = 0; i < 8; ++i) tile[r][cc + i] = from_f32<T>(v[i]);
     if constexpr (!k2D) {
       // Rowwise 1×128: amax over the half-warp holding this row, then quantize the chunk.
       float a = 0.0f;
@@ -226,8 +262,8 @@ __global__ void __launch_bounds__(kThreads)
         uint32_t w[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          w[i] = cvt_fp8x2(mul_rn(tile[r][cc + 2 * i], s_tile),
-                           mul_rn(tile[r][cc + 2 * i + 1], s_tile), e5m2);
+          w[i] = cvt_fp8x2(mul_rn(to_f32(tile[r][cc + 2 * i]), s_tile),
+                           mul_rn(to_f32(tile[r][cc + 2 * i + 1]), s_tile), e5m2);
         }
         const int valid = int(K - k < 8 ? K - k : 8);
         if (vec_ok && valid == 8) {
@@ -249,7 +285,7 @@ __global__ void __launch_bounds__(kThreads)
     float s = s_tile;
     if constexpr (!k2D) {
       float a = 0.0f;
-      for (int r = h * 64; r < h * 64 + 64; ++r) a = amax_combine(a, tile[r][kk]);
+      for (int r = h * 64; r < h * 64 + 64; ++r) a = amax_combine(a, to_f32(tile[r][kk]));
       col_part[h * kB + kk] = a;
       __syncthreads();
       a = fmax_num(col_part[kk], col_part[kB + kk]);
@@ -264,8 +300,8 @@ __global__ void __launch_bounds__(kThreads)
         uint32_t w[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          w[i] = cvt_fp8x2(mul_rn(tile[seg + 2 * i][kk], s), mul_rn(tile[seg + 2 * i + 1][kk], s),
-                           e5m2);
+          w[i] = cvt_fp8x2(mul_rn(to_f32(tile[seg + 2 * i][kk]), s),
+                           mul_rn(to_f32(tile[seg + 2 * i + 1][kk]), s), e5m2);
         }
         const uint4 out = make_uint4(w[0] | (w[1] << 16), w[2] | (w[3] << 16), w[4] | (w[5] << 16),
                                      w[6] | (w[7] << 16));
@@ -318,7 +354,7 @@ void fp8_block(const T* x, int64_t M, int64_t K, bool two_d, bool e5m2, float fm
                float* qt_scale, float* amax_out, cudaStream_t stream) {
   if (M == 0 || K == 0) return;
   const dim3 grid(unsigned(ceil_div(K, kB)), unsigned(ceil_div(M, kB)));
-  const size_t smem = (kB * (kB + 1) + 2 * kB) * sizeof(float);
+  const size_t smem = sizeof(T) * kB * (kB + 2) + 2 * kB * sizeof(float);
   if (two_d) {
     auto kern = fp8_block_kernel<T, true>;
     LOWBIT_CUDA_CHECK(

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Smoke test of the `lowbit` binary: help, info (table and JSON), and the usage-error paths.
+# Smoke test of the `lowbit` binary: help, info (table and JSON), bench quant's options and
+# errors, and the usage-error paths.
 # Usage: cli_smoke.sh path/to/lowbit
 set -euo pipefail
 
@@ -65,6 +66,25 @@ if [[ ! -e /dev/nvidia0 && $json_path != cpu ]]; then
 fi
 if [[ $json_path == cpu ]]; then
   grep -q "CPU path" <<<"$info_table" || fail "'lowbit info' found no GPU but does not say it takes the CPU path"
+fi
+
+# bench quant: its options, a bad --shapes (rejected before any GPU is needed), and on a machine
+# without a GPU a clear error instead of a crash.
+run 0 bench --help
+grep -q "quant" "$tmp/out" || fail "'lowbit bench --help' does not list quant"
+run 0 bench quant --help
+for opt in --shapes --iters --json-out; do
+  grep -q -- "$opt" "$tmp/out" || fail "'lowbit bench quant --help' does not list $opt"
+done
+run 2 bench quant --shapes 8192
+grep -q "error: --shapes: '8192' is not MxK" "$tmp/err" ||
+  fail "bad --shapes: no 'is not MxK' error"
+run 2 bench quant --iters 0
+grep -q -- "--iters" "$tmp/err" || fail "--iters 0: the message does not name --iters"
+if [[ $json_path == cpu ]]; then
+  run 2 bench quant
+  grep -q "error: bench quant needs a CUDA GPU" "$tmp/err" ||
+    fail "'lowbit bench quant' without a GPU does not say that it needs one"
 fi
 
 run 2 bogus-command

@@ -45,20 +45,35 @@ LOWBIT_HD float rcp_rn(float a) {
 }
 
 // fmaxf / fminf semantics (IEEE maxNum / minNum): a NaN operand is dropped when the other is a
-// number. Written out so that host and device agree without relying on <cmath> overloads.
+// number. On the device these are the single-instruction fmaxf / fminf, which have exactly
+// these semantics; on the host they are written out so as not to depend on <cmath> overloads.
 LOWBIT_HD float fmax_num(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(a, b);
+#else
   if (f32_is_nan(a)) return b;
   if (f32_is_nan(b)) return a;
   return a > b ? a : b;
+#endif
 }
 
 LOWBIT_HD float fmin_num(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fminf(a, b);
+#else
   if (f32_is_nan(a)) return b;
   if (f32_is_nan(b)) return a;
   return a < b ? a : b;
+#endif
 }
 
-LOWBIT_HD float abs_f32(float x) { return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu); }
+LOWBIT_HD float abs_f32(float x) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(x);  // clears the sign bit, as below (a free operand modifier on the device)
+#else
+  return f32_from_bits(f32_bits(x) & 0x7FFFFFFFu);
+#endif
+}
 
 // Largest finite fp32 (FLT_MAX).
 LOWBIT_HD float f32_max_finite() { return f32_from_bits(0x7F7FFFFFu); }
