@@ -18,6 +18,7 @@ PAIRS = [
     ("fp8 block 128x128 +T", None),
     ("mxfp8 row+col", "mxfp8"),
     ("nvfp4 act (RHT col)", "nvfp4_rht"),
+    ("nvfp4 act, amax given", None),
     ("nvfp4 grad (RHT+SR)", None),
     ("nvfp4 weight 16x16", None),
 ]

@@ -173,14 +173,18 @@ class DelayedScalingState {
   float history_at(int64_t row, int slot) const;
 
   // history[0][slot] = fmaxf(history[0][slot], amax).
-  void record_amax(int slot, float amax);
+  // A state on the GPU does this on the device, in stream order with `ctx` when given.
+  void record_amax(int slot, float amax, Context* ctx = nullptr);
   // Hook for the cross-rank MAX all-reduce of the current amaxes: `fn` receives history row 0
   // ([num_slots] f32, contiguous) and reduces it in place. An empty function (one rank) is a
   // no-op.
   using ReduceFn = std::function<void(const TensorView& amax_row)>;
   void reduce_amax(const ReduceFn& fn);
   // Roll the histories and compute new scales (formats.md §2.2, bulk-kernel semantics).
-  void update();
+  // A state on the GPU updates on the device: on ctx->stream() when a context is given (no
+  // host synchronisation; the quantize kernels of the step run on the same stream), otherwise
+  // on the default stream with the device synchronised around it.
+  void update(Context* ctx = nullptr);
   int64_t update_calls() const { return update_calls_; }
 
  private:

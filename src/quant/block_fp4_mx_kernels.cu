@@ -24,11 +24,22 @@ constexpr int kT = 64;  // tile edge
 enum class Pass { kAmax, kQuantize };
 
 struct TileSmem {
-  float x[kT][kT + 1];      // source values, [m][k]
-  uint8_t rc[kT][kT];       // rowwise codes, [m][k]
-  uint8_t cc[kT][kT];       // columnwise codes: NVFP4 [k][m] (transposed), MX [m][k]
-  float part[kT][kT / 16];  // NVFP4 16×16: amax of each 1×16 row block
+  float x[kT][kT + 1];       // source values, [m][k]
+  uint8_t rc[kT][kT];        // rowwise codes, [m][k]
+  uint8_t cc[kT][kT];        // columnwise codes: NVFP4 [k][m] (transposed), MX [m][k]
+  float part[kT][kT / 16];   // NVFP4 16×16: amax of each 1×16 row block
+  uint64_t rp[kT][kT / 16];  // NVFP4 1×16: packed rowwise codes, [m][K-block] (16 nibbles)
+  uint64_t cp[kT][kT / 16];  // NVFP4 1×16: packed columnwise codes, [k][M-block]
+  Nvfp4GlobalScale g[2];     // NVFP4 global scales of the rowwise and columnwise copies
 };
+
+// 16 E2M1 codes → 8 bytes, element 0 in the low nibble of byte 0 (formats.md §1.2).
+__device__ __forceinline__ uint64_t pack_e2m1x16(const uint8_t (&c)[16]) {
+  uint64_t out = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) out |= uint64_t(c[i] & 0xFu) << (4 * i);
+  return out;
+}
 
 // Element conversion after scaling, resolved at compile time per element type: FP8 by hardware
 // cvt (two at a time), E2M1 by comparisons, FP6 by the codec; stochastic rounding by the codec
@@ -201,7 +212,12 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
     block_amax_to_global(ca, a.amax_col);
     return;
   } else {
-    const Nvfp4GlobalScale g_row = nvfp4_global_scale(*a.amax_row);
+    if (threadIdx.x == 0) {
+      s.g[0] = nvfp4_global_scale(*a.amax_row);
+      if (a.columnwise && !a.two_d) s.g[1] = nvfp4_global_scale(*a.amax_col);
+    }
+    __syncthreads();
+    const Nvfp4GlobalScale g_row = s.g[0];
     if (a.two_d) {
       // One scale per 16×16 tile: amax of each 1×16 row block, then of the 16 rows.
       float ra = 0.0f;
@@ -249,12 +265,11 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
         const float mult = nvfp4_block_multiplier(sd, g_row.s_dec);
         quantize_block<16, DType::kE2M1, kSR>(v, mult, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1,
                                               codes);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s.rc[r][rb * 16 + i] = codes[i];
+        s.rp[r][rb] = pack_e2m1x16(codes);
         if (row_in) a.q_scale[(m0 + r) * (a.K / 16) + (k0 / 16 + rb)] = sd;
       }
       if (a.columnwise) {
-        const Nvfp4GlobalScale g_col = nvfp4_global_scale(*a.amax_col);
+        const Nvfp4GlobalScale g_col = s.g[1];
         float v[16];
         uint8_t codes[16];
         column_chunk(s, kk, mb, a.rht, v);
@@ -265,14 +280,25 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
         const float mult = nvfp4_block_multiplier(sd, g_col.s_dec);
         quantize_block<16, DType::kE2M1, kSR>(v, mult, a.col_key, (k0 + kk) * a.M + m0 + mb * 16, 1,
                                               codes);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s.cc[kk][mb * 16 + i] = codes[i];
+        s.cp[kk][mb] = pack_e2m1x16(codes);
         if (col_in) a.qt_scale[(k0 + kk) * (a.M / 16) + (m0 / 16 + mb)] = sd;
       }
     }
     __syncthreads();
-    if (a.rowwise) store_codes(s.rc, DType::kE2M1, a.q, a.M, a.K, m0, k0);
-    if (a.columnwise) store_codes(s.cc, DType::kE2M1, a.qt, a.K, a.M, k0, m0);
+    if (a.two_d) {
+      if (a.rowwise) store_codes(s.rc, DType::kE2M1, a.q, a.M, a.K, m0, k0);
+      if (a.columnwise) store_codes(s.cc, DType::kE2M1, a.qt, a.K, a.M, k0, m0);
+    } else {
+      // Packed rows: thread → (row, 16-element block), 8 bytes each; 4 threads write a row's
+      // 32 contiguous bytes. Rows are 8-byte aligned (both dims are multiples of 16).
+      const int pr = t / 4, pw = t % 4;
+      if (a.rowwise && m0 + pr < a.M && k0 + pw * 16 < a.K) {
+        *reinterpret_cast<uint64_t*>(a.q + ((m0 + pr) * a.K + k0 + pw * 16) / 2) = s.rp[pr][pw];
+      }
+      if (a.columnwise && k0 + pr < a.K && m0 + pw * 16 < a.M) {
+        *reinterpret_cast<uint64_t*>(a.qt + ((k0 + pr) * a.M + m0 + pw * 16) / 2) = s.cp[pr][pw];
+      }
+    }
   }
 }
 
@@ -352,7 +378,8 @@ void set_smem(K kern) {
 template <typename T>
 void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool rht, bool sr,
            bool two_d, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale, uint8_t* qt,
-           uint8_t* qt_scale, float* amax_row, float* amax_col, cudaStream_t stream) {
+           uint8_t* qt_scale, float* amax_row, float* amax_col, bool amax_ready,
+           cudaStream_t stream) {
   if (M == 0 || K == 0) return;
   const dim3 grid(unsigned(ceil_div(K, kT)), unsigned(ceil_div(M, kT)));
   Nvfp4Args a{M,       K, rowwise, columnwise, rht,      sr,       two_d,   row_key,
@@ -362,8 +389,10 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
       sr ? nvfp4_kernel<T, Pass::kQuantize, true> : nvfp4_kernel<T, Pass::kQuantize, false>;
   set_smem(amax_pass);
   set_smem(quant_pass);
-  amax_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
-  LOWBIT_CUDA_CHECK_LAUNCH();
+  if (!amax_ready) {
+    amax_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+  }
   quant_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
@@ -400,7 +429,8 @@ void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, boo
 
 #define LOWBIT_INSTANTIATE(T)                                                                      \
   template void nvfp4<T>(const T*, int64_t, int64_t, bool, bool, bool, bool, bool, RngKey, RngKey, \
-                         uint8_t*, uint8_t*, uint8_t*, uint8_t*, float*, float*, cudaStream_t);    \
+                         uint8_t*, uint8_t*, uint8_t*, uint8_t*, float*, float*, bool,             \
+                         cudaStream_t);                                                            \
   template void mx<T>(const T*, int64_t, int64_t, DType, MxScaleRounding, bool, bool, bool,        \
                       RngKey, RngKey, uint8_t*, uint8_t*, uint8_t*, uint8_t*, cudaStream_t);
 LOWBIT_INSTANTIATE(uint16_t)

@@ -45,6 +45,52 @@ __device__ __forceinline__ void load8(const float* p, bool full, int valid, floa
   }
 }
 
+// Eight source elements kept as raw bits until used (bf16: one 16-byte register quad instead of
+// eight fp32 registers), so that a thread can hold several chunks in flight cheaply.
+template <typename T>
+struct Raw8;
+template <>
+struct Raw8<uint16_t> {
+  uint4 u;
+  __device__ __forceinline__ float get(int i) const {  // i must be a compile-time constant
+    const uint32_t w = i < 2 ? u.x : i < 4 ? u.y : i < 6 ? u.z : u.w;
+    return __uint_as_float((i & 1) ? (w & 0xFFFF0000u) : (w << 16));
+  }
+};
+template <>
+struct Raw8<float> {
+  float4 a, b;
+  __device__ __forceinline__ float get(int i) const {
+    const float4& h = i < 4 ? a : b;
+    const int j = i & 3;
+    return j == 0 ? h.x : j == 1 ? h.y : j == 2 ? h.z : h.w;
+  }
+};
+
+__device__ __forceinline__ void load_raw8(const uint16_t* p, bool full, int valid,
+                                          Raw8<uint16_t>& r) {
+  if (full) {
+    r.u = *reinterpret_cast<const uint4*>(p);
+  } else {
+    uint32_t w[4] = {0, 0, 0, 0};
+    for (int i = 0; i < valid; ++i) w[i / 2] |= uint32_t(p[i]) << (16 * (i & 1));
+    r.u = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+__device__ __forceinline__ void load_raw8(const float* p, bool full, int valid, Raw8<float>& r) {
+  if (full) {
+    r.a = *reinterpret_cast<const float4*>(p);
+    r.b = *reinterpret_cast<const float4*>(p + 4);
+  } else {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = i < valid ? p[i] : 0.0f;
+    r.a = make_float4(v[0], v[1], v[2], v[3]);
+    r.b = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ float load1(const T* p);
 template <>

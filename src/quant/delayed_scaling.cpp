@@ -1,6 +1,7 @@
 // FP8 delayed scaling: amax histories and scale updates (formats.md §2.2), CPU twin.
 #include "lowbit/quant.h"
 #include "lowbit/quant/scale_math.h"
+#include "quant/quant_cuda.h"
 
 namespace lowbit {
 
@@ -14,13 +15,13 @@ DType fp8_format_dtype(Fp8Format f, ScalingPass pass) {
 
 namespace {
 
-void require_cpu(const Tensor& t, const char* what) {
-  if (t.device().is_cuda()) {
-    throw_internal(__FILE__, __LINE__,
-                   fmt::format("DelayedScalingState::{}: updating a state that lives on the GPU "
-                               "is not implemented yet; keep the state on the CPU",
-                               what));
-  }
+// One f32 element of a CPU or GPU tensor (a GPU read synchronises; for inspection and tests).
+float read_f32(const Tensor& t, int64_t idx) {
+  if (t.device().is_cpu()) return t.ptr<const float>()[idx];
+  float v = 0.0f;
+  copy_tensor(TensorView(&v, DType::kF32, {1}, Device::cpu()),
+              TensorView(t.ptr<float>() + idx, DType::kF32, {1}, t.device()));
+  return v;
 }
 
 }  // namespace
@@ -53,21 +54,24 @@ DelayedScalingState::DelayedScalingState(const DelayedScalingConfig& cfg, Scalin
 float DelayedScalingState::fmax() const { return dtype_max_finite(dtype_); }
 
 float DelayedScalingState::scale_at(int slot) const {
-  require_cpu(scale_, "scale_at");
   LOWBIT_CHECK(slot >= 0 && slot < num_slots_, "slot {} of {}", slot, num_slots_);
-  return scale_.ptr<const float>()[slot];
+  return read_f32(scale_, slot);
 }
 
 float DelayedScalingState::history_at(int64_t row, int slot) const {
-  require_cpu(history_, "history_at");
   LOWBIT_CHECK(row >= 0 && row < cfg_.history_len && slot >= 0 && slot < num_slots_,
                "history entry ({}, {}) of [{}, {}]", row, slot, cfg_.history_len, num_slots_);
-  return history_.ptr<const float>()[row * num_slots_ + slot];
+  return read_f32(history_, row * num_slots_ + slot);
 }
 
-void DelayedScalingState::record_amax(int slot, float amax) {
-  require_cpu(history_, "record_amax");
+void DelayedScalingState::record_amax(int slot, float amax, Context* ctx) {
   LOWBIT_CHECK(slot >= 0 && slot < num_slots_, "slot {} of {}", slot, num_slots_);
+  if (history_.device().is_cuda()) {
+    quant_cuda::delayed_record_amax(history_.ptr<float>() + slot, amax,
+                                    ctx != nullptr ? ctx->stream() : nullptr);
+    if (ctx == nullptr) quant_cuda::device_synchronize();
+    return;
+  }
   float& h0 = history_.ptr<float>()[slot];  // row 0: max over this step's quantizations
   h0 = fmax_num(h0, amax);
 }
@@ -78,36 +82,24 @@ void DelayedScalingState::reduce_amax(const ReduceFn& fn) {
   fn(TensorView(history_.data(), DType::kF32, {num_slots_}, history_.device()));
 }
 
-void DelayedScalingState::update() {
-  require_cpu(history_, "update");
+void DelayedScalingState::update(Context* ctx) {
   ++update_calls_;
   // Between updates the current amaxes keep accumulating in row 0.
   if (update_calls_ % cfg_.update_interval != 0) return;
-  const int64_t len = cfg_.history_len;
-  const int n = num_slots_;
   const float scaled_max = delayed_scaled_max(fmax(), cfg_.margin);
-  float* h = history_.ptr<float>();  // [L, n] f32
-  float* sc = scale_.ptr<float>();
-  float* sc_inv = scale_inv_.ptr<float>();
-  for (int s = 0; s < n; ++s) {
-    // The row-0 amax is already reduced in place (reduce_amax), so `last` is the reduced amax.
-    const float last = h[s];
-    float a_max = 0.0f;
-    // Bulk-kernel semantics: a slot whose amax is 0 (not used this step on any rank) is not
-    // rotated, and a_max stays 0 so its scale is kept. NaN != 0, so a NaN amax rotates.
-    if (last != 0.0f) {
-      // Roll left: H'[i] = H[i+1] (1 ≤ i ≤ L-2), H'[L-1] = last, H'[0] = 0; the max runs over
-      // the window including `last`, before the roll, with fmaxf (NaN entries skipped).
-      for (int64_t i = 0; i < len; ++i) {
-        const float a = i < len - 1 ? h[(i + 1) * n + s] : last;
-        a_max = fmax_num(a_max, a);
-        h[i * n + s] = i > 0 ? a : 0.0f;
-      }
-    }
-    const float a = cfg_.algo == AmaxComputeAlgo::kMax ? a_max : last;
-    const float scale = delayed_scale_from_amax(a, scaled_max, sc[s]);
-    sc[s] = scale;
-    sc_inv[s] = scale_inv_from_scale(scale);
+  const bool algo_max = cfg_.algo == AmaxComputeAlgo::kMax;
+  if (history_.device().is_cuda()) {
+    // The row-0 amaxes are already reduced in place (reduce_amax).
+    if (ctx == nullptr) quant_cuda::device_synchronize();
+    quant_cuda::delayed_update(history_.ptr<float>(), cfg_.history_len, num_slots_, algo_max,
+                               scaled_max, scale_.ptr<float>(), scale_inv_.ptr<float>(),
+                               ctx != nullptr ? ctx->stream() : nullptr);
+    if (ctx == nullptr) quant_cuda::device_synchronize();
+    return;
+  }
+  for (int s = 0; s < num_slots_; ++s) {
+    delayed_update_slot(history_.ptr<float>(), cfg_.history_len, num_slots_, s, algo_max,
+                        scaled_max, scale_.ptr<float>(), scale_inv_.ptr<float>());
   }
 }
 

@@ -57,8 +57,10 @@ __global__ void current_scale_kernel(const float* amax, float fmax, bool pow2, f
 // transposed copy can be written with 16-byte stores along M.
 constexpr int kTM = 64, kTK = 128;
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 4)
+// kFull: every tile of the grid is complete and rows are 16-byte aligned (M % 64 == 0,
+// K % 128 == 0) — the common case, compiled without bounds or alignment checks.
+template <typename T, bool kFull>
+__global__ void __launch_bounds__(kThreads)
     fp8_cast_transpose_kernel(const T* __restrict__ x,  // [M, K]
                               int64_t M, int64_t K, const float* scale_ptr, bool e5m2,
                               uint8_t* __restrict__ q,   // [M, K] or null
@@ -68,23 +70,23 @@ __global__ void __launch_bounds__(kThreads, 4)
   __shared__ __align__(16) uint8_t tile[kTM][kTK];
   const float scale = *scale_ptr;
   const int64_t m0 = int64_t(blockIdx.y) * kTM, k0 = int64_t(blockIdx.x) * kTK;
-  const bool vec_ok = (K % 8) == 0;
+  const T* xt = x + m0 * K + k0;  // this tile's first element
+  const bool vec_ok = kFull || (K % 8) == 0;
   float local_amax = 0.0f;
   // Rowwise: each thread converts kChunks chunks of 8 elements; all loads are issued first so
   // that each thread has its 16-byte requests in flight together.
   constexpr int kChunks = kTM * kTK / 8 / kThreads;
-  float v[kChunks][8];
+  Raw8<T> raw[kChunks];
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int c = threadIdx.x + j * kThreads;
     const int r = c / (kTK / 8), cc = (c % (kTK / 8)) * 8;
-    const int64_t m = m0 + r, k = k0 + cc;
-    if (m < M && k < K) {
-      const int valid = int(K - k < 8 ? K - k : 8);
-      load8(x + m * K + k, vec_ok && valid == 8, valid, v[j]);
+    if constexpr (kFull) {
+      load_raw8(xt + r * K + cc, true, 8, raw[j]);
     } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[j][i] = 0.0f;
+      const int64_t m = m0 + r, k = k0 + cc;
+      const int valid = (m < M && k < K) ? int(K - k < 8 ? K - k : 8) : 0;
+      load_raw8(xt + r * K + cc, vec_ok && valid == 8, valid, raw[j]);
     }
   }
 #pragma unroll
@@ -95,12 +97,15 @@ __global__ void __launch_bounds__(kThreads, 4)
     uint32_t w[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      local_amax = amax_combine(local_amax, v[j][2 * i]);
-      local_amax = amax_combine(local_amax, v[j][2 * i + 1]);
-      w[i] = cvt_fp8x2(mul_rn(v[j][2 * i], scale), mul_rn(v[j][2 * i + 1], scale), e5m2);
+      const float lo = raw[j].get(2 * i), hi = raw[j].get(2 * i + 1);
+      local_amax = amax_combine(local_amax, lo);
+      local_amax = amax_combine(local_amax, hi);
+      w[i] = cvt_fp8x2(mul_rn(lo, scale), mul_rn(hi, scale), e5m2);
     }
     const uint2 codes = make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
-    if (q != nullptr && m < M && k < K) {
+    if (q != nullptr && kFull) {
+      *reinterpret_cast<uint2*>(q + m * K + k) = codes;
+    } else if (q != nullptr && m < M && k < K) {
       const int valid = int(K - k < 8 ? K - k : 8);
       if (vec_ok && valid == 8) {
         *reinterpret_cast<uint2*>(q + m * K + k) = codes;
@@ -116,11 +121,11 @@ __global__ void __launch_bounds__(kThreads, 4)
     __syncthreads();
     // Columnwise: thread → (column kk, 32-row segment): a warp reads 32 neighbouring columns of
     // one row segment (conflict-free) and each thread writes one full 32-byte sector along M.
-    const bool vec_t = (M % 16) == 0;
+    const bool vec_t = kFull || (M % 16) == 0;
     for (int c = threadIdx.x; c < kTK * (kTM / 32); c += kThreads) {
       const int kk = c % kTK, seg = (c / kTK) * 32;
       const int64_t k = k0 + kk, m = m0 + seg;
-      if (k >= K || m >= M) continue;
+      if (!kFull && (k >= K || m >= M)) continue;
       uint32_t w[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -343,8 +348,12 @@ void fp8_cast_transpose(const T* x, int64_t M, int64_t K, const float* scale, bo
                         uint8_t* qt, float* scale_inv, float* amax_out, cudaStream_t stream) {
   if (M == 0 || K == 0) return;
   const dim3 grid(unsigned(ceil_div(K, kTK)), unsigned(ceil_div(M, kTM)));
-  fp8_cast_transpose_kernel<T>
-      <<<grid, kThreads, 0, stream>>>(x, M, K, scale, e5m2, q, qt, scale_inv, amax_out);
+  // Full tiles: M % 64 == 0, K % 128 == 0 and 16-byte aligned base pointers.
+  const bool full = M % kTM == 0 && K % kTK == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(qt) % 16 == 0;
+  auto kern = full ? fp8_cast_transpose_kernel<T, true> : fp8_cast_transpose_kernel<T, false>;
+  kern<<<grid, kThreads, 0, stream>>>(x, M, K, scale, e5m2, q, qt, scale_inv, amax_out);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

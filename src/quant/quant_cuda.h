@@ -41,14 +41,25 @@ void fp8_block(const T* x, int64_t M, int64_t K, bool two_d, bool e5m2, float fm
                float eps, float value_for_inf, uint8_t* q, float* q_scale, uint8_t* qt,
                float* qt_scale, float* amax_out, cudaStream_t stream);
 
+// FP8 delayed scaling on the device: *row0_slot = fmaxf(*row0_slot, amax), and the history roll
+// + scale update of every slot (delayed_update_slot, one thread per slot). A null stream is the
+// default stream.
+void delayed_record_amax(float* row0_slot, float amax, cudaStream_t stream);
+void delayed_update(float* history, int64_t len, int64_t n_slots, bool algo_max, float scaled_max,
+                    float* scale, float* scale_inv, cudaStream_t stream);
+void device_synchronize();
+
 // NVFP4 (E2M1 + UE4M3 per 16 + fp32 global amax): rowwise q [M, K/2 bytes] with scales
 // [M, K/16]; columnwise qt [K, M/2 bytes] (transposed, RHT'd when `rht`) with scales [K, M/16].
-// two_d: one scale per 16×16 tile, columnwise = exact transpose. amax_row / amax_col are zeroed
-// by the caller and receive the global amaxes (the kernels run an amax pass first).
+// two_d: one scale per 16×16 tile, columnwise = exact transpose. Unless `amax_ready`, amax_row /
+// amax_col are zeroed by the caller and receive the global amaxes from an amax pass over x;
+// with `amax_ready` they already hold them (computed by the producer of x, e.g. in its epilogue)
+// and the source is read once.
 template <typename T>
 void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool rht, bool sr,
            bool two_d, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale, uint8_t* qt,
-           uint8_t* qt_scale, float* amax_row, float* amax_col, cudaStream_t stream);
+           uint8_t* qt_scale, float* amax_row, float* amax_col, bool amax_ready,
+           cudaStream_t stream);
 
 // MX (E8M0 per 32): rowwise q [M, K] with scales [M, K/32]; columnwise qc [M, K] (not
 // transposed) with scales [M/32, K]. E2M1 payloads are packed two per byte.

@@ -105,7 +105,7 @@ void run(Context& ctx, const TensorView& x, const QuantConfig& cfg, const QuantS
       quant_cuda::nvfp4(src, m, k, cfg.rowwise, cfg.columnwise, rht, streams.stochastic, two_d,
                         streams.rowwise, streams.columnwise, u8(out.rowwise_data), u8(*rs),
                         u8(out.columnwise_data), u8(*cs), amax_row.ptr<float>(),
-                        amax_col.ptr<float>(), stream);
+                        amax_col.ptr<float>(), false, stream);
       if (cfg.rowwise) out.amax = amax_row;
       if (cfg.columnwise) {
         out.columnwise_amax = two_d ? Tensor::copy_of(amax_row.view(), dev) : amax_col;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Smoke test of the `lowbit` binary: help, info (table and JSON), bench quant's options and
-# errors, and the usage-error paths.
+# errors, quantize of a small safetensors file, and the usage-error paths.
 # Usage: cli_smoke.sh path/to/lowbit
 set -euo pipefail
 
@@ -86,6 +86,66 @@ if [[ $json_path == cpu ]]; then
   grep -q "error: bench quant needs a CUDA GPU" "$tmp/err" ||
     fail "'lowbit bench quant' without a GPU does not say that it needs one"
 fi
+
+# quantize: a small safetensors checkpoint (a 64x64 BF16 matrix, a rank-1 F32 norm) converted
+# to nvfp4 and fp8; then a truncated input and an unknown recipe.
+run 0 quantize --help
+for word in --recipe nvfp4 fp8-current Rank-1; do
+  grep -q -- "$word" "$tmp/out" || fail "'lowbit quantize --help' does not mention $word"
+done
+python3 - "$tmp/in.safetensors" <<'EOF' || fail "cannot write the test safetensors file"
+import json, math, struct, sys
+def bf16(x):
+    return struct.pack("<H", struct.unpack("<I", struct.pack("<f", x))[0] >> 16)
+w = b"".join(bf16(math.sin(i * 0.37) * (1 + i % 7)) for i in range(64 * 64))
+n = struct.pack("<64f", *[1.0 + i / 64 for i in range(64)])
+header = {"__metadata__": {"format": "pt"},
+          "layers.0.norm.weight": {"dtype": "F32", "shape": [64], "data_offsets": [0, len(n)]},
+          "layers.0.w": {"dtype": "BF16", "shape": [64, 64],
+                         "data_offsets": [len(n), len(n) + len(w)]}}
+h = json.dumps(header).encode()
+h += b" " * (-len(h) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h + n + w)
+EOF
+# check_quantized FILE RECIPE: names, dtypes, shapes, metadata and offsets of a quantize output.
+check_quantized() {
+  python3 - "$1" "$2" <<'EOF'
+import json, struct, sys
+path, recipe = sys.argv[1], sys.argv[2]
+data = open(path, "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+assert n % 8 == 0, f"header length {n} is not a multiple of 8"
+h = json.loads(data[8:8 + n])
+meta = h.pop("__metadata__")
+assert meta["quantization"] == recipe, meta
+assert meta["format"] == "lowbit" and meta["version"] == "1", meta
+want = {"layers.0.norm.weight": ("F32", [64]), "layers.0.w_scale": ("F32", [1])}
+if recipe == "nvfp4":
+    want.update({"layers.0.w": ("U8", [64, 32]), "layers.0.w_scale": ("F8_E4M3", [64, 4]),
+                 "layers.0.w_scale_2": ("F32", [1])})
+else:
+    want["layers.0.w"] = ("F8_E4M3", [64, 64])
+got = {k: (v["dtype"], v["shape"]) for k, v in h.items()}
+assert got == want, f"tensors {got}, expected {want}"
+end = max(v["data_offsets"][1] for v in h.values())
+assert end == len(data) - 8 - n, f"data buffer {len(data) - 8 - n} bytes, offsets end at {end}"
+EOF
+}
+run 0 quantize "$tmp/in.safetensors" "$tmp/nvfp4.safetensors" --recipe nvfp4
+grep -q "1 converted, 1 copied" "$tmp/out" || fail "quantize nvfp4: no '1 converted, 1 copied' summary"
+grep -q "relative error" "$tmp/out" || fail "quantize nvfp4: no relative error in the summary"
+check_quantized "$tmp/nvfp4.safetensors" nvfp4 || fail "quantize --recipe nvfp4: unexpected output"
+run 0 quantize "$tmp/in.safetensors" "$tmp/fp8.safetensors" --recipe fp8
+check_quantized "$tmp/fp8.safetensors" fp8 || fail "quantize --recipe fp8: unexpected output"
+if ls "$tmp" | grep -q "tmp-"; then fail "quantize left a temporary file behind"; fi
+
+head -c 200 "$tmp/in.safetensors" >"$tmp/trunc.safetensors"
+run 2 quantize "$tmp/trunc.safetensors" "$tmp/t.safetensors" --recipe nvfp4
+grep -q "^error: .*trunc.safetensors" "$tmp/err" || fail "truncated input: no 'error:' naming the file"
+[[ ! -e $tmp/t.safetensors ]] || fail "truncated input: an output file was written"
+run 2 quantize "$tmp/in.safetensors" "$tmp/t.safetensors" --recipe fp3
+grep -q "unknown recipe 'fp3'" "$tmp/err" || fail "bad --recipe: no 'unknown recipe' error"
 
 run 2 bogus-command
 grep -q "error:" "$tmp/err" || fail "unknown command: no 'error:' line"

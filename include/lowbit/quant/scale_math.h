@@ -58,6 +58,30 @@ LOWBIT_HD float delayed_scale_from_amax(float a, float scaled_max, float prev_sc
   return s;
 }
 
+// One slot's history roll and scale update (formats.md §2.2, bulk-kernel semantics), shared by
+// the CPU loop and the CUDA kernel. h: history [L, n] f32 row-major, slot column s; row 0 holds
+// the (already reduced) amax of the step.
+//   last != 0: a_max = max(H[1..L-1], last) with fmaxf (NaN skipped); roll left:
+//              H'[i] = H[i+1] (1 ≤ i ≤ L-2), H'[L-1] = last, H'[0] = 0.
+//   last == 0: (slot unused this step on every rank) nothing rotates, a_max = 0, scale kept.
+// NaN != 0, so a NaN amax rotates (and `most_recent` then keeps the previous scale).
+LOWBIT_HD void delayed_update_slot(float* h, int64_t len, int64_t n, int64_t s, bool algo_max,
+                                   float scaled_max, float* scale, float* scale_inv) {
+  const float last = h[s];
+  float a_max = 0.0f;
+  if (last != 0.0f) {
+    for (int64_t i = 0; i < len; ++i) {
+      const float a = i < len - 1 ? h[(i + 1) * n + s] : last;
+      a_max = fmax_num(a_max, a);
+      h[i * n + s] = i > 0 ? a : 0.0f;
+    }
+  }
+  const float a = algo_max ? a_max : last;
+  const float sc = delayed_scale_from_amax(a, scaled_max, scale[s]);
+  scale[s] = sc;
+  scale_inv[s] = scale_inv_from_scale(sc);
+}
+
 // --- MX (E8M0 block scales, formats.md §2.5) --------------------------------------------------
 
 // How the shared exponent of an MX block is chosen.
