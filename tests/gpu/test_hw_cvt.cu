@@ -127,7 +127,9 @@ class GpuCodec : public ::testing::Test {
   }
 };
 
-std::vector<uint32_t> run_on_device(const std::vector<float>& in, Op op) {
+// Copies `in` to the device, runs launch(d_out, d_in, n) over a poisoned output, returns it.
+template <typename Launch>
+std::vector<uint32_t> map_on_device(const std::vector<float>& in, Launch launch) {
   const int n = static_cast<int>(in.size());
   float* d_in;
   uint32_t* d_out;
@@ -135,7 +137,7 @@ std::vector<uint32_t> run_on_device(const std::vector<float>& in, Op op) {
   LOWBIT_CUDA_CHECK(cudaMalloc(&d_out, n * sizeof(uint32_t)));
   LOWBIT_CUDA_CHECK(cudaMemcpy(d_in, in.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   LOWBIT_CUDA_CHECK(cudaMemset(d_out, 0xAB, n * sizeof(uint32_t)));  // poison
-  hw_convert_kernel<<<(n + 255) / 256, 256>>>(d_out, d_in, n, op);
+  launch(d_out, d_in, n);
   LOWBIT_CUDA_CHECK_LAUNCH();
   std::vector<uint32_t> out(n);
   LOWBIT_CUDA_CHECK(cudaMemcpy(out.data(), d_out, n * sizeof(uint32_t), cudaMemcpyDeviceToHost));
@@ -144,21 +146,16 @@ std::vector<uint32_t> run_on_device(const std::vector<float>& in, Op op) {
   return out;
 }
 
+std::vector<uint32_t> run_on_device(const std::vector<float>& in, Op op) {
+  return map_on_device(in, [op](uint32_t* out, const float* x, int n) {
+    hw_convert_kernel<<<(n + 255) / 256, 256>>>(out, x, n, op);
+  });
+}
+
 std::vector<uint32_t> codec_on_device(const std::vector<float>& in, DType t, Overflow ov, bool sr) {
-  const int n = static_cast<int>(in.size());
-  float* d_in;
-  uint32_t* d_out;
-  LOWBIT_CUDA_CHECK(cudaMalloc(&d_in, n * sizeof(float)));
-  LOWBIT_CUDA_CHECK(cudaMalloc(&d_out, n * sizeof(uint32_t)));
-  LOWBIT_CUDA_CHECK(cudaMemcpy(d_in, in.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  LOWBIT_CUDA_CHECK(cudaMemset(d_out, 0xAB, n * sizeof(uint32_t)));
-  codec_on_device_kernel<<<(n + 255) / 256, 256>>>(d_out, d_in, n, t, ov, sr ? 1 : 0);
-  LOWBIT_CUDA_CHECK_LAUNCH();
-  std::vector<uint32_t> out(n);
-  LOWBIT_CUDA_CHECK(cudaMemcpy(out.data(), d_out, n * sizeof(uint32_t), cudaMemcpyDeviceToHost));
-  cudaFree(d_in);
-  cudaFree(d_out);
-  return out;
+  return map_on_device(in, [=](uint32_t* out, const float* x, int n) {
+    codec_on_device_kernel<<<(n + 255) / 256, 256>>>(out, x, n, t, ov, sr ? 1 : 0);
+  });
 }
 
 std::vector<float> inputs_for(DType t) {

@@ -17,6 +17,18 @@
 
 namespace lowbit::quant_test {
 
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// quantize() on the CPU, then validate() the result.
+inline QuantizedTensor run(const TensorView& x, const QuantConfig& cfg) {
+  Context ctx(Device::cpu());
+  QuantizedTensor q;
+  quantize(ctx, x, cfg, q);
+  q.validate();
+  return q;
+}
+
 inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16_rn(x)); }
 
 // [M, K] bf16 with x[i][j] = bf16(f(i, j)).

@@ -12,9 +12,6 @@ namespace {
 
 using namespace quant_test;
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
 std::vector<float> history_col(const DelayedScalingState& st, int slot) {
   std::vector<float> h;
   for (int64_t r = 0; r < st.history_len(); ++r) h.push_back(st.history_at(r, slot));

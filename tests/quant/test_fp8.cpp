@@ -13,17 +13,6 @@ namespace {
 
 using namespace quant_test;
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-QuantizedTensor run(const TensorView& x, const QuantConfig& cfg) {
-  Context ctx(Device::cpu());
-  QuantizedTensor q;
-  quantize(ctx, x, cfg, q);
-  q.validate();
-  return q;
-}
-
 uint32_t e4m3(float v) { return encode_rn(DType::kE4M3, v); }
 
 // --- current scaling --------------------------------------------------------------------------

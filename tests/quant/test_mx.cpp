@@ -12,17 +12,6 @@ namespace {
 
 using namespace quant_test;
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-QuantizedTensor run(const TensorView& x, const QuantConfig& cfg) {
-  Context ctx(Device::cpu());
-  QuantizedTensor q;
-  quantize(ctx, x, cfg, q);
-  q.validate();
-  return q;
-}
-
 TEST(QuantMx, ShapeMustHoldWholeBlocks) {
   Context ctx(Device::cpu());
   QuantizedTensor q;

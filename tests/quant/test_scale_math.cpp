@@ -10,9 +10,9 @@
 namespace lowbit {
 namespace {
 
+constexpr float kFltMax = std::numeric_limits<float>::max();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr float kFltMax = std::numeric_limits<float>::max();
 
 TEST(QuantScaleMath, AmaxSkipsNanKeepsInf) {
   float a = 0.0f;
