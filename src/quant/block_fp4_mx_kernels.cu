@@ -185,7 +185,8 @@ template <typename T, Pass kPass, bool kSR>
 __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict__ x, Nvfp4Args a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   TileSmem& s = *reinterpret_cast<TileSmem*>(smem_raw);
-  const int64_t m0 = int64_t(blockIdx.y) * kT, k0 = int64_t(blockIdx.x) * kT;
+  // blockIdx.x walks M (consecutive blocks write adjacent parts of the same transposed rows).
+  const int64_t m0 = int64_t(blockIdx.x) * kT, k0 = int64_t(blockIdx.y) * kT;
   load_tile(s, x, a.M, a.K, m0, k0);
   __syncthreads();
   const int t = threadIdx.x;
@@ -321,7 +322,8 @@ template <typename T, DType kType, bool kSR>
 __global__ void __launch_bounds__(kThreads) mx_kernel(const T* __restrict__ x, MxArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   TileSmem& s = *reinterpret_cast<TileSmem*>(smem_raw);
-  const int64_t m0 = int64_t(blockIdx.y) * kT, k0 = int64_t(blockIdx.x) * kT;
+  // blockIdx.x walks M (consecutive blocks write adjacent parts of the same transposed rows).
+  const int64_t m0 = int64_t(blockIdx.x) * kT, k0 = int64_t(blockIdx.y) * kT;
   load_tile(s, x, a.M, a.K, m0, k0);
   __syncthreads();
   // Threads 0..127: rowwise task (row t/2, K-block t%2); 128..255: columnwise task
@@ -381,7 +383,7 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
            uint8_t* qt_scale, float* amax_row, float* amax_col, bool amax_ready,
            cudaStream_t stream) {
   if (M == 0 || K == 0) return;
-  const dim3 grid(unsigned(ceil_div(K, kT)), unsigned(ceil_div(M, kT)));
+  const dim3 grid(unsigned(ceil_div(M, kT)), unsigned(ceil_div(K, kT)));
   Nvfp4Args a{M,       K, rowwise, columnwise, rht,      sr,       two_d,   row_key,
               col_key, q, q_scale, qt,         qt_scale, amax_row, amax_col};
   auto amax_pass = nvfp4_kernel<T, Pass::kAmax, false>;
@@ -414,7 +416,7 @@ void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, boo
         bool columnwise, bool sr, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale,
         uint8_t* qc, uint8_t* qc_scale, cudaStream_t stream) {
   if (M == 0 || K == 0) return;
-  const dim3 grid(unsigned(ceil_div(K, kT)), unsigned(ceil_div(M, kT)));
+  const dim3 grid(unsigned(ceil_div(M, kT)), unsigned(ceil_div(K, kT)));
   MxArgs a{M, K, t, rounding, rowwise, columnwise, sr, row_key, col_key, q, q_scale, qc, qc_scale};
   switch (t) {
     case DType::kE4M3: launch_mx<T, DType::kE4M3>(x, a, grid, stream); break;

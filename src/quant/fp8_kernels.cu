@@ -67,9 +67,12 @@ __global__ void __launch_bounds__(kThreads)
                               uint8_t* __restrict__ qt,  // [K, M] or null
                               float* scale_inv_out,      // [1] or null
                               float* amax_out) {         // [1], max-accumulated, or null
-  __shared__ __align__(16) uint8_t tile[kTM][kTK];
+  // Codes of the tile; rows padded by 4 bytes so that the two lanes writing the halves of one
+  // 32-byte sector (rows 16 apart, same column) read different banks.
+  __shared__ __align__(16) uint8_t tile[kTM][kTK + 4];
   const float scale = *scale_ptr;
-  const int64_t m0 = int64_t(blockIdx.y) * kTM, k0 = int64_t(blockIdx.x) * kTK;
+  // blockIdx.x walks M: consecutive blocks write adjacent halves of the same transposed rows.
+  const int64_t m0 = int64_t(blockIdx.x) * kTM, k0 = int64_t(blockIdx.y) * kTK;
   const T* xt = x + m0 * K + k0;  // this tile's first element
   const bool vec_ok = kFull || (K % 8) == 0;
   float local_amax = 0.0f;
@@ -115,34 +118,32 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    *reinterpret_cast<uint2*>(&tile[r][cc]) = codes;
+    reinterpret_cast<uint32_t*>(&tile[r][cc])[0] = codes.x;  // rows are 4-byte aligned
+    reinterpret_cast<uint32_t*>(&tile[r][cc])[1] = codes.y;
   }
   if (qt != nullptr) {
     __syncthreads();
-    // Columnwise: thread → (column kk, 32-row segment): a warp reads 32 neighbouring columns of
-    // one row segment (conflict-free) and each thread writes one full 32-byte sector along M.
+    // Columnwise: task c → column kk, 16-row segment; lanes 2t and 2t+1 take the two halves of
+    // one 32-byte sector of output row k, so every store instruction writes whole sectors (a
+    // warp: 16 neighbouring columns × 32 bytes).
     const bool vec_t = kFull || (M % 16) == 0;
-    for (int c = threadIdx.x; c < kTK * (kTM / 32); c += kThreads) {
-      const int kk = c % kTK, seg = (c / kTK) * 32;
+    for (int c = threadIdx.x; c < kTK * (kTM / 16); c += kThreads) {
+      const int pair = c >> 1;
+      const int kk = pair % kTK, seg = (pair / kTK) * 32 + (c & 1) * 16;
       const int64_t k = k0 + kk, m = m0 + seg;
       if (!kFull && (k >= K || m >= M)) continue;
-      uint32_t w[8];
+      uint32_t w[4];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < 4; ++i) {
         w[i] = uint32_t(tile[seg + 4 * i][kk]) | (uint32_t(tile[seg + 4 * i + 1][kk]) << 8) |
                (uint32_t(tile[seg + 4 * i + 2][kk]) << 16) |
                (uint32_t(tile[seg + 4 * i + 3][kk]) << 24);
       }
-      for (int h = 0; h < 2; ++h) {
-        const int64_t mh = m + 16 * h;
-        if (mh >= M) break;
-        if (vec_t && mh + 16 <= M) {
-          *reinterpret_cast<uint4*>(qt + k * M + mh) =
-              make_uint4(w[4 * h], w[4 * h + 1], w[4 * h + 2], w[4 * h + 3]);
-        } else {
-          for (int i = 0; i < 16 && mh + i < M; ++i) {
-            qt[k * M + mh + i] = (w[4 * h + i / 4] >> (8 * (i % 4))) & 0xFF;
-          }
+      if (kFull || (vec_t && m + 16 <= M)) {
+        *reinterpret_cast<uint4*>(qt + k * M + m) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+        for (int i = 0; i < 16 && m + i < M; ++i) {
+          qt[k * M + m + i] = (w[i / 4] >> (8 * (i % 4))) & 0xFF;
         }
       }
     }
@@ -191,7 +192,9 @@ __global__ void __launch_bounds__(kThreads)
   T(*tile)[kB + 2] = reinterpret_cast<T(*)[kB + 2]>(smem_raw);                       // [128][130]
   float* col_part = reinterpret_cast<float*>(smem_raw + sizeof(T) * kB * (kB + 2));  // [2][128]
   __shared__ float warp_red[kThreads / 32];
-  const int64_t m0 = int64_t(blockIdx.y) * kB, k0 = int64_t(blockIdx.x) * kB;
+  // blockIdx.x walks M (consecutive blocks write adjacent parts of the same transposed rows).
+  const unsigned mb_idx = blockIdx.x, kb_idx = blockIdx.y;
+  const int64_t m0 = int64_t(mb_idx) * kB, k0 = int64_t(kb_idx) * kB;
   const int64_t k_blocks = ceil_div(K, kB), m_blocks = ceil_div(M, kB);
   const bool vec_ok = (K % 8) == 0;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -233,7 +236,7 @@ __global__ void __launch_bounds__(kThreads)
         } else {
           for (int i = 0; i < valid; ++i) q[m * K + k + i] = (w[i / 2] >> (8 * (i % 2))) & 0xFF;
         }
-        if ((c % 16) == 0) q_scale[vec128_scale_index(m, blockIdx.x, M)] = scale_inv_from_scale(s);
+        if ((c % 16) == 0) q_scale[vec128_scale_index(m, kb_idx, M)] = scale_inv_from_scale(s);
       }
     } else {
 #pragma unroll
@@ -252,11 +255,9 @@ __global__ void __launch_bounds__(kThreads)
     s_tile = compute_scale_from_amax(a, fmax, pow2, eps, value_for_inf);
     if (threadIdx.x == 0) {
       if (q_scale != nullptr)
-        q_scale[blk128_scale_index(blockIdx.y, blockIdx.x, k_blocks)] =
-            scale_inv_from_scale(s_tile);
+        q_scale[blk128_scale_index(mb_idx, kb_idx, k_blocks)] = scale_inv_from_scale(s_tile);
       if (qt_scale != nullptr)
-        qt_scale[blk128_scale_index(blockIdx.x, blockIdx.y, m_blocks)] =
-            scale_inv_from_scale(s_tile);
+        qt_scale[blk128_scale_index(kb_idx, mb_idx, m_blocks)] = scale_inv_from_scale(s_tile);
     }
     // Rowwise 128×128 codes.
     if (q != nullptr) {
@@ -295,7 +296,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
       a = fmax_num(col_part[kk], col_part[kB + kk]);
       s = compute_scale_from_amax(a, fmax, pow2, eps, value_for_inf);
-      if (h == 0 && k < K) qt_scale[vec128_scale_index(k, blockIdx.y, K)] = scale_inv_from_scale(s);
+      if (h == 0 && k < K) qt_scale[vec128_scale_index(k, mb_idx, K)] = scale_inv_from_scale(s);
     }
     if (k < K) {
       const bool vec_t = (M % 16) == 0;
@@ -347,7 +348,7 @@ template <typename T>
 void fp8_cast_transpose(const T* x, int64_t M, int64_t K, const float* scale, bool e5m2, uint8_t* q,
                         uint8_t* qt, float* scale_inv, float* amax_out, cudaStream_t stream) {
   if (M == 0 || K == 0) return;
-  const dim3 grid(unsigned(ceil_div(K, kTK)), unsigned(ceil_div(M, kTM)));
+  const dim3 grid(unsigned(ceil_div(M, kTM)), unsigned(ceil_div(K, kTK)));
   // Full tiles: M % 64 == 0, K % 128 == 0 and 16-byte aligned base pointers.
   const bool full = M % kTM == 0 && K % kTK == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
@@ -362,7 +363,7 @@ void fp8_block(const T* x, int64_t M, int64_t K, bool two_d, bool e5m2, float fm
                float eps, float value_for_inf, uint8_t* q, float* q_scale, uint8_t* qt,
                float* qt_scale, float* amax_out, cudaStream_t stream) {
   if (M == 0 || K == 0) return;
-  const dim3 grid(unsigned(ceil_div(K, kB)), unsigned(ceil_div(M, kB)));
+  const dim3 grid(unsigned(ceil_div(M, kB)), unsigned(ceil_div(K, kB)));
   const size_t smem = sizeof(T) * kB * (kB + 2) + 2 * kB * sizeof(float);
   if (two_d) {
     auto kern = fp8_block_kernel<T, true>;
