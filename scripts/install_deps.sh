@@ -4,8 +4,8 @@
 # LOWBIT_SKIP_DEPS=1 skips the package step (for hosts that provide the libraries otherwise).
 set -euo pipefail
 
-packages=(cmake g++ make libgtest-dev libcli11-dev nlohmann-json3-dev libfmt-dev clang-format
-  python3)
+packages=(cmake g++ make libgtest-dev libcli11-dev nlohmann-json3-dev libfmt-dev libopenblas-dev
+  clang-format python3)
 
 die() {
   echo "install_deps: $*" >&2

@@ -1,0 +1,41 @@
+// Launchers of the gemm layer's CUDA kernels (src/gemm/dequant_bf16.cu). Raw device pointers;
+// every launcher is asynchronous on `stream`.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "lowbit/core/dtype.h"
+
+namespace lowbit::gemm_kernels {
+
+// How the block scales of a copy are laid out (compact layouts of quant_layout()).
+enum class DequantScales : uint8_t {
+  kMxRowwise,     // E8M0 [rows, cols/32]: one scale per 32 along a stored row
+  kMxColumnwise,  // E8M0 [rows/32, cols]: one scale per 32 along a stored column
+  kNvfp4,         // UE4M3 [rows, cols/16]: one scale per 16 along a stored row
+};
+
+// out [rows, cols] bf16 (row-major, contiguous) = decode(code) · decode(block scale), in the
+// copy's stored orientation. The product is exact in fp32 and representable in bf16 (at most
+// 4 + 4 significant bits) unless it leaves bf16's range, so the conversion is exact for every
+// finite product at or above 2^-133 in magnitude. The NVFP4 global factor is NOT applied (the
+// GEMM folds it into alpha). NaN codes and NaN scales (E8M0 0xFF, UE4M3 0x7F) give NaN.
+// `cols` must be a multiple of 8 (it is a multiple of the block size, 16 or 32).
+void dequant_to_bf16(const uint8_t* codes, DType t, int64_t rows, int64_t cols,
+                     const uint8_t* scales, DequantScales layout, uint16_t* out,
+                     cudaStream_t stream);
+
+// out[0] = alpha' = RN(...RN(RN(alpha · amax_a) · amax_b) · RN(1 / 2688^n)) over the NVFP4
+// operands present (n = number of non-null amax pointers; TE's rule for n = 2), out[1] = beta.
+// For the BF16 GEMM run with CUBLASLT_POINTER_MODE_DEVICE.
+void nvfp4_alpha(float alpha, float beta, const float* amax_a, const float* amax_b, float* out,
+                 cudaStream_t stream);
+
+// out[r, c] += bias[c] for a row-major out [rows, cols] with row stride ld_out (bf16 or f32;
+// bias bf16 or f32); fp32 add, one rounding to the output type.
+void add_bias(void* out, bool out_bf16, int64_t rows, int64_t cols, int64_t ld_out,
+              const void* bias, bool bias_bf16, cudaStream_t stream);
+
+}  // namespace lowbit::gemm_kernels

@@ -1,0 +1,55 @@
+// Internal interface of the gemm layer: the canonical TN problem (see include/lowbit/gemm.h)
+// that every backend receives, built and checked in exactly one place (canonicalize()).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lowbit/gemm.h"
+
+namespace lowbit {
+
+// A' or B' of the canonical problem: logically [rows, kc], contiguous along kc.
+struct CanonOperand {
+  // Quantized operand: the copy to use (its data is [rows, kc] in the payload's packing; its
+  // scales are in the layouts of quant_layout()). Exception: a kMX1x32 columnwise copy is not
+  // transposed (docs/quantization.md "Orientation"), so its data is [kc, rows].
+  const QuantizedTensor* q = nullptr;
+  Usage usage = Usage::kRowwise;
+  // Dense operand (bf16 or f32): the tensor in its natural layout; A'/B' is `dense` itself
+  // ([rows, kc]) or, when `transposed`, its transpose (`dense` is then [kc, rows]).
+  TensorView dense;
+  bool transposed = false;
+  int64_t rows = 0, kc = 0;
+};
+
+struct CanonGemm {
+  CanonOperand a, b;  // A' [R, Kc], B' [C, Kc]
+  int64_t R = 0, C = 0, Kc = 0;
+  GemmRole role = GemmRole::kFprop;
+  GemmBackend backend = GemmBackend::kCpuReference;
+  bool fast_accum = false;  // resolved from GemmOptions::accumulation and the TE policy
+};
+
+// Validates the operands for the role and builds the canonical problem; every user error
+// (shape, dtype, missing copy, alignment: "pad K to a multiple of 16") is thrown from here.
+CanonGemm canonicalize(const Context& ctx, const GemmOperand& a, const GemmOperand& b,
+                       const TensorView& out, const GemmOptions& opt);
+
+// The operand part of canonicalize() for the float64 reference (gemm_reference_f64): the same
+// role, shape, copy and pairing checks, on any device, no output and no backend alignment rules;
+// backend = kCpuReference.
+CanonGemm canonicalize_operands(const GemmOperand& a, const GemmOperand& b, const GemmOptions& opt);
+
+// CUDA backends (src/gemm/*.cu, gemm_cublaslt.cpp): runs `g` into `out` on ctx's stream.
+void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const GemmOptions& opt);
+
+// CPU backend: f32 sgemm over the dequantized operands.
+void gemm_cpu(const CanonGemm& g, const TensorView& out, const GemmOptions& opt);
+
+// A' or B' as a row-major f32 [rows, kc] matrix on the host: the dequantized copy (exact in f32;
+// NVFP4 values include the global factor) or the dense operand, transposed as needed. Operands
+// on the GPU are copied to the host first.
+std::vector<float> canon_operand_f32(const CanonOperand& op);
+
+}  // namespace lowbit

@@ -1,0 +1,681 @@
+// gemm() on the GPU against the float64 reference over the same (dequantized) operands, for
+// every CUDA backend (BF16, per-tensor FP8, FP8 block scaling, the emulated MX / NVFP4 path)
+// and every role (fprop, dgrad, wgrad), plus the CPU gemm(), the HYBRID FP8 pairings, NaN / inf
+// propagation and the configurations that must be rejected.
+//
+// Error model (per output element, ref = the float64 result, S = Σ_j |a_j|·|b_j| of the
+// dequantized operands, bounded from above by ‖a_r‖₂·‖b_c‖₂ so that it costs O((R+C)·K)):
+//   |gpu − ref| ≤ out_eps·(|ref| + |bias|) + |alpha|·acc_eps·S + 2^-22·|beta·out_before|
+//   * out_eps: 2^-7 for a bf16 output: RN to bf16 (8 significant bits) is ≤ 2^-8 relative, and
+//     with a bias the value is rounded twice (GEMM output, then the bias add: ≤ 2^-8·|ref − bias|
+//     + 2^-8·|ref| ≤ 2^-7·(|ref| + |bias|)); 2^-22 for f32 (two fp32 roundings and slack).
+//   * acc_eps, BF16 tensor cores and the emulated MX / NVFP4 path (bf16 products are exact in
+//     fp32): K·2^-23, the worst case of K fp32 additions in any order with round-to-nearest or
+//     truncation, + 2^-20 for the NVFP4 alpha fold (RN(RN(RN(α·A_a)·A_b)·RN(1/(36·448²))) vs the
+//     reference's per-element factors: a few fp32 ulps relative to S).
+//   * acc_eps, FP8 split accumulation (and both block modes): the accumulator inside a wgmma
+//     chain keeps fewer bits than fp32 (formats.md §4.4). Measured there: max error 0.13 at
+//     K = 16384 with |a|,|b| ≤ 2, i.e. S ≈ 16384 and error/S ≈ 7.9e-6 ≈ 2^-17. We allow
+//     2^-11 (64× that) + K·2^-23 for the fp32 part.
+//   * acc_eps, FP8 fast accumulation (FAST_ACCUM = 1: no promotion to fp32): measured 4.41 at
+//     K = 16384, error/S ≈ 2.7e-4 ≈ 2^-11.9. The error of a random-sign sum grows like √K
+//     relative to S, and 16384 is the largest K here, so 2^-8 (≥ 14× the measurement) + K·2^-23.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gemm/gemm_internal.h"
+#include "lowbit/core.h"
+#include "lowbit/formats.h"
+#include "lowbit/gemm.h"
+#include "lowbit/quant.h"
+
+namespace lowbit {
+namespace {
+
+enum class Fill { kNormal, kHeavyTail, kCancel, kTiny, kZeros, kNanInf, kNan };
+const char* fill_name(Fill f) {
+  switch (f) {
+    case Fill::kNormal: return "normal";
+    case Fill::kHeavyTail: return "heavy_tail";
+    case Fill::kCancel: return "cancel";
+    case Fill::kTiny: return "tiny";
+    case Fill::kZeros: return "zeros";
+    case Fill::kNanInf: return "nan_inf";
+    case Fill::kNan: return "nan";
+  }
+  return "?";
+}
+
+// A [m, k] bf16 source on the CPU.
+Tensor make_source(int64_t m, int64_t k, Fill fill, uint64_t seed) {
+  Tensor t = Tensor::empty({m, k}, DType::kBF16, Device::cpu());
+  uint16_t* p = t.ptr<uint16_t>();
+  for (int64_t i = 0; i < m * k; ++i) {
+    const float u1 = philox_uniform(seed, 0, 2 * i) + 1e-7f;
+    const float u2 = philox_uniform(seed, 0, 2 * i + 1);
+    const float g = std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+    float v = 0.0f;
+    switch (fill) {
+      case Fill::kNormal: v = g; break;
+      case Fill::kHeavyTail:
+        v = g * std::exp(3.0f * g);
+        break;  // up to ~1e7: wide range
+      // Nearly equal magnitudes with random signs: sums cancel down to ~√K of S.
+      case Fill::kCancel: v = (g < 0 ? -256.0f : 256.0f) * (1.0f + 0.015625f * u2); break;
+      case Fill::kTiny: v = g * 1e-12f; break;
+      case Fill::kZeros: v = 0.0f; break;
+      case Fill::kNanInf:
+        v = g;
+        if (i % 997 == 5) v = INFINITY;
+        if (i % 1009 == 7) v = -INFINITY;
+        if (i % 1013 == 3) v = NAN;
+        break;
+      case Fill::kNan:
+        v = g;
+        if (i % 1013 == 3) v = NAN;
+        break;
+    }
+    p[i] = f32_to_bf16_rn(v);
+  }
+  return t;
+}
+
+std::vector<float> to_host_f32(const TensorView& v) {
+  Tensor h = Tensor::copy_of(v, Device::cpu());
+  std::vector<float> out(h.numel());
+  if (h.dtype() == DType::kBF16) {
+    for (int64_t i = 0; i < h.numel(); ++i) out[i] = bf16_to_f32(h.ptr<const uint16_t>()[i]);
+  } else {
+    EXPECT_EQ(h.dtype(), DType::kF32);
+    std::memcpy(out.data(), h.data(), out.size() * sizeof(float));
+  }
+  return out;
+}
+
+QuantizedTensor copy_to_cpu(const QuantizedTensor& q) {
+  QuantizedTensor c;
+  c.mode = q.mode;
+  c.dtype = q.dtype;
+  c.shape = q.shape;
+  c.columnwise_hadamard = q.columnwise_hadamard;
+  auto cp = [](const Tensor& t) {
+    return t.defined() ? Tensor::copy_of(t.view(), Device::cpu()) : Tensor();
+  };
+  c.rowwise_data = cp(q.rowwise_data);
+  c.rowwise_scale_inv = cp(q.rowwise_scale_inv);
+  c.columnwise_data = cp(q.columnwise_data);
+  c.columnwise_scale_inv = cp(q.columnwise_scale_inv);
+  c.amax = cp(q.amax);
+  c.columnwise_amax = cp(q.columnwise_amax);
+  return c;
+}
+
+// ‖v_i‖₂ over the rows (along_rows) or the columns of a row-major [r, c] matrix.
+std::vector<double> norms(const std::vector<float>& v, int64_t r, int64_t c, bool along_rows) {
+  std::vector<double> n(along_rows ? r : c, 0.0);
+  for (int64_t i = 0; i < r; ++i) {
+    for (int64_t j = 0; j < c; ++j) {
+      const double x = v[i * c + j];
+      n[along_rows ? i : j] += x * x;
+    }
+  }
+  for (double& x : n) x = std::sqrt(x);
+  return n;
+}
+
+// One framework tensor (X, W or dY) as a gemm operand: dense bf16 or quantized, on the GPU, with
+// the CPU copies the reference and the CPU gemm() take.
+struct Operand {
+  bool quantized = false;
+  Tensor dense_cpu, dense_gpu;
+  QuantizedTensor q_gpu, q_cpu;
+
+  GemmOperand gpu() const {
+    return quantized ? GemmOperand::of(q_gpu) : GemmOperand::of(dense_gpu.view());
+  }
+  GemmOperand cpu() const {
+    return quantized ? GemmOperand::of(q_cpu) : GemmOperand::of(dense_cpu.view());
+  }
+  // ‖·‖₂ of the canonical operand's rows: the tensor's rows (rowwise) or columns (columnwise),
+  // of the values the GEMM multiplies (the dequantized copy for quantized operands).
+  std::vector<double> canon_norms(Usage u) const {
+    const bool row = u == Usage::kRowwise;
+    if (!quantized) {
+      const auto& s = dense_cpu.shape();
+      return norms(to_host_f32(dense_cpu.view()), s[0], s[1], row);
+    }
+    Tensor d = dequantize(q_cpu, u);  // stored orientation
+    const auto& s = d.shape();
+    // Rowwise [M, K]: rows. Columnwise: transposed [K, M] (rows) except MX ([M, K]: columns).
+    const bool along_rows = row || q_cpu.mode != ScalingMode::kMX1x32;
+    return norms(to_host_f32(d.view()), s[0], s[1], along_rows);
+  }
+};
+
+Operand make_operand(Context& ctx, const Tensor& src, const QuantConfig* cfg) {
+  Operand o;
+  o.dense_cpu = src;
+  o.dense_gpu = Tensor::copy_of(src.view(), Device::cuda(0));
+  if (cfg != nullptr) {
+    o.quantized = true;
+    quantize(ctx, o.dense_gpu.view(), *cfg, o.q_gpu);
+    ctx.synchronize();
+    o.q_cpu = copy_to_cpu(o.q_gpu);
+  }
+  return o;
+}
+
+// Quantization of the three framework tensors; null = dense bf16.
+struct Recipe {
+  std::string name;
+  GemmBackend backend;
+  std::optional<QuantConfig> x, w, dy;
+  int64_t align;  // every dimension a multiple of this
+};
+
+std::vector<Recipe> recipes() {
+  std::vector<Recipe> r;
+  r.push_back({"bf16", GemmBackend::kCublasLtBf16, std::nullopt, std::nullopt, std::nullopt, 1});
+  r.push_back({"fp8_hybrid", GemmBackend::kCublasLtFp8, QuantConfig::fp8_current(DType::kE4M3),
+               QuantConfig::fp8_current(DType::kE4M3), QuantConfig::fp8_current(DType::kE5M2), 16});
+  r.push_back({"fp8_e4m3_pow2", GemmBackend::kCublasLtFp8,
+               QuantConfig::fp8_current(DType::kE4M3, true),
+               QuantConfig::fp8_current(DType::kE4M3, true),
+               QuantConfig::fp8_current(DType::kE4M3, true), 16});
+  r.push_back({"fp8_block_hybrid", GemmBackend::kCublasLtFp8Block,
+               QuantConfig::fp8_block_1x128(DType::kE4M3),
+               QuantConfig::fp8_block_128x128(DType::kE4M3),
+               QuantConfig::fp8_block_1x128(DType::kE5M2), 128});
+  r.push_back({"fp8_block_1d_only", GemmBackend::kCublasLtFp8Block,
+               QuantConfig::fp8_block_1x128(DType::kE4M3),
+               QuantConfig::fp8_block_1x128(DType::kE4M3),
+               QuantConfig::fp8_block_1x128(DType::kE4M3), 128});
+  r.push_back({"mxfp8_hybrid", GemmBackend::kEmulatedBf16, QuantConfig::mx(DType::kE4M3),
+               QuantConfig::mx(DType::kE4M3), QuantConfig::mx(DType::kE5M2), 32});
+  r.push_back({"mxfp6_e3m2", GemmBackend::kEmulatedBf16, QuantConfig::mx(DType::kE3M2),
+               QuantConfig::mx(DType::kE2M3), QuantConfig::mx(DType::kE3M2), 32});
+  r.push_back({"mxfp4", GemmBackend::kEmulatedBf16, QuantConfig::mx(DType::kE2M1),
+               QuantConfig::mx(DType::kE2M1), QuantConfig::mx(DType::kE2M1), 32});
+  QuantConfig grad = QuantConfig::nvfp4_gradient();
+  grad.sr_key = RngKey{0x5EED, 7};
+  r.push_back({"nvfp4", GemmBackend::kEmulatedBf16, QuantConfig::nvfp4_activation(),
+               QuantConfig::nvfp4_weight(), grad, 16});
+  return r;
+}
+
+bool is_fp8(GemmBackend b) {
+  return b == GemmBackend::kCublasLtFp8 || b == GemmBackend::kCublasLtFp8Block;
+}
+
+struct Roles {
+  GemmRole role;
+  const Operand* a;
+  const Operand* b;
+  Usage ua, ub;
+  int64_t R, C, Kc;
+};
+
+Roles role_operands(GemmRole role, const Operand& x, const Operand& w, const Operand& dy, int64_t M,
+                    int64_t N, int64_t K) {
+  switch (role) {
+    case GemmRole::kFprop: return {role, &x, &w, Usage::kRowwise, Usage::kRowwise, M, N, K};
+    case GemmRole::kDgrad: return {role, &dy, &w, Usage::kRowwise, Usage::kColumnwise, M, K, N};
+    case GemmRole::kWgrad: return {role, &dy, &x, Usage::kColumnwise, Usage::kColumnwise, N, K, M};
+  }
+  return {};
+}
+
+struct Tolerance {
+  double out_eps, acc_eps;
+};
+
+Tolerance tolerance(GemmBackend backend, bool fast_accum, DType out, int64_t Kc) {
+  Tolerance t;
+  t.out_eps = out == DType::kBF16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -22);
+  const double fp32_sum = double(Kc) * std::ldexp(1.0, -23);
+  if (is_fp8(backend)) {
+    t.acc_eps = (fast_accum ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11)) + fp32_sum;
+  } else {
+    t.acc_eps = fp32_sum + std::ldexp(1.0, -20);
+  }
+  return t;
+}
+
+// Checks got [R, C] against ref with the error model above (scaled by `slack`); NaN where ref
+// is NaN, the same infinity where ref is infinite. Returns "" or a description.
+std::string compare(const std::vector<double>& ref, const std::vector<float>& got, int64_t R,
+                    int64_t C, const std::vector<double>& na, const std::vector<double>& nb,
+                    const Tolerance& tol, const GemmOptions& opt,
+                    const std::vector<float>* out_before, const std::vector<float>* bias,
+                    double slack = 1.0) {
+  if (ref.size() != size_t(R * C) || got.size() != size_t(R * C)) {
+    return fmt::format("size mismatch: ref {} got {} want {}", ref.size(), got.size(), R * C);
+  }
+  int64_t bad = 0;
+  std::string first;
+  double worst = 0.0;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < C; ++c) {
+      const double want = ref[r * C + c], have = got[r * C + c];
+      bool ok;
+      double tl = 0.0;
+      if (std::isnan(want)) {
+        ok = std::isnan(have);
+      } else if (std::isinf(want)) {
+        ok = have == want;
+      } else {
+        const double s = na[r] * nb[c];
+        tl = tol.out_eps * (std::fabs(want) + (bias ? std::fabs((*bias)[c]) : 0.0)) +
+             std::fabs(double(opt.alpha)) * tol.acc_eps * s +
+             (out_before ? std::ldexp(1.0, -22) * std::fabs(opt.beta * (*out_before)[r * C + c])
+                         : 0.0);
+        tl *= slack;
+        if (!std::isfinite(s)) {
+          ok = std::isfinite(have);  // an inf operand met zeros only: no bound to apply
+        } else {
+          ok = std::isfinite(have) && std::fabs(have - want) <= tl;
+          if (std::isfinite(have) && tl > 0) worst = std::max(worst, std::fabs(have - want) / tl);
+        }
+      }
+      if (!ok) {
+        if (bad == 0) {
+          first = fmt::format("[{}, {}]: got {} want {} (tolerance {:.3g})", r, c, have, want, tl);
+        }
+        ++bad;
+      }
+    }
+  }
+  if (bad == 0) return "";
+  return fmt::format("{} of {} elements out of tolerance; first {}; worst error/tolerance {:.3g}",
+                     bad, R * C, first, worst);
+}
+
+bool emulated_on_this_gpu() {
+  int dev = 0, major = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major < 10;
+}
+
+struct RunSpec {
+  DType out = DType::kBF16;
+  float alpha = 1.0f, beta = 0.0f;
+  bool bias = false;
+  Fp8Accumulation acc = Fp8Accumulation::kDefault;
+  bool against_cpu_gemm = false;
+};
+
+// Runs one role of one recipe on the GPU and checks it against the float64 reference (and,
+// when asked, the CPU gemm()).
+void check_role(Context& ctx, const Recipe& rc, const Operand& x, const Operand& w,
+                const Operand& dy, int64_t M, int64_t N, int64_t K, GemmRole role,
+                const RunSpec& spec, const std::string& what) {
+  const Roles ro = role_operands(role, x, w, dy, M, N, K);
+  SCOPED_TRACE(fmt::format("{} {} M={} N={} K={} {} out={} alpha={} beta={} bias={}", rc.name,
+                           gemm_role_name(role), M, N, K, what, dtype_name(spec.out), spec.alpha,
+                           spec.beta, spec.bias));
+  GemmOptions opt;
+  opt.role = role;
+  opt.alpha = spec.alpha;
+  opt.beta = spec.beta;
+  opt.accumulation = spec.acc;
+
+  // Expected backend on this GPU.
+  const GemmBackend backend = gemm_backend_for(ctx, ro.a->gpu(), ro.b->gpu());
+  if (rc.backend != GemmBackend::kEmulatedBf16 || emulated_on_this_gpu()) {
+    EXPECT_EQ(gemm_backend_name(backend), gemm_backend_name(rc.backend));
+  }
+
+  Tensor bias_cpu, bias_gpu;
+  std::vector<float> bias_host;
+  if (spec.bias) {
+    const Tensor src = make_source(1, ro.C, Fill::kNormal, 99 + ro.C);
+    bias_cpu = Tensor::empty({ro.C}, DType::kBF16, Device::cpu());
+    std::memcpy(bias_cpu.data(), src.data(), size_t(ro.C) * 2);
+    if (spec.out == DType::kF32) {  // f32 bias with f32 out, bf16 bias with bf16 out
+      Tensor f = Tensor::empty({ro.C}, DType::kF32, Device::cpu());
+      for (int64_t i = 0; i < ro.C; ++i) {
+        f.ptr<float>()[i] = 2.0f * bf16_to_f32(bias_cpu.ptr<const uint16_t>()[i]);
+      }
+      bias_cpu = f;
+    }
+    bias_gpu = Tensor::copy_of(bias_cpu.view(), Device::cuda(0));
+    bias_host = to_host_f32(bias_cpu.view());
+  }
+
+  Tensor before_cpu;
+  std::vector<float> before_host;
+  Tensor out_gpu;
+  if (spec.beta != 0.0f) {
+    Tensor src = make_source(ro.R, ro.C, Fill::kNormal, 1234 + ro.R);
+    before_cpu = Tensor::empty({ro.R, ro.C}, DType::kF32, Device::cpu());
+    for (int64_t i = 0; i < ro.R * ro.C; ++i) {
+      before_cpu.ptr<float>()[i] = 4.0f * bf16_to_f32(src.ptr<const uint16_t>()[i]);
+    }
+    out_gpu = Tensor::copy_of(before_cpu.view(), Device::cuda(0));
+    before_host = to_host_f32(before_cpu.view());
+  } else {
+    out_gpu = Tensor::empty({ro.R, ro.C}, spec.out, Device::cuda(0));
+    fill_bytes(out_gpu.view(), 0xFF);  // NaN garbage: beta = 0 must not read it
+  }
+
+  GemmOptions gpu_opt = opt, cpu_opt = opt;
+  if (spec.bias) {
+    gpu_opt.bias = &bias_gpu.view();
+    cpu_opt.bias = &bias_cpu.view();
+  }
+  gemm(ctx, ro.a->gpu(), ro.b->gpu(), out_gpu.view(), gpu_opt);
+  ctx.synchronize();
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> got = to_host_f32(out_gpu.view());
+
+  const std::vector<double> ref = gemm_reference_f64(
+      ro.a->cpu(), ro.b->cpu(), cpu_opt, spec.beta != 0.0f ? &before_cpu.view() : nullptr);
+  const std::vector<double> na = ro.a->canon_norms(ro.ua);
+  const std::vector<double> nb = ro.b->canon_norms(ro.ub);
+  ASSERT_EQ(int64_t(na.size()), ro.R);
+  ASSERT_EQ(int64_t(nb.size()), ro.C);
+  const bool fast = rc.backend == GemmBackend::kCublasLtFp8 &&
+                    (spec.acc == Fp8Accumulation::kFast ||
+                     (spec.acc == Fp8Accumulation::kDefault && role == GemmRole::kFprop));
+  const Tolerance tol = tolerance(rc.backend, fast, spec.out, ro.Kc);
+  const std::vector<float>* before_p = spec.beta != 0.0f ? &before_host : nullptr;
+  const std::vector<float>* bias_p = spec.bias ? &bias_host : nullptr;
+  const std::string err = compare(ref, got, ro.R, ro.C, na, nb, tol, opt, before_p, bias_p);
+  EXPECT_TRUE(err.empty()) << "GPU vs float64 reference: " << err;
+
+  if (spec.against_cpu_gemm) {
+    Context cpu_ctx(Device::cpu());
+    Tensor out_cpu = spec.beta != 0.0f ? Tensor::copy_of(before_cpu.view(), Device::cpu())
+                                       : Tensor::zeros({ro.R, ro.C}, spec.out, Device::cpu());
+    gemm(cpu_ctx, ro.a->cpu(), ro.b->cpu(), out_cpu.view(), cpu_opt);
+    const std::vector<float> cpu = to_host_f32(out_cpu.view());
+    // Both sides are within the model of the reference: allow the sum (plus an f32 sgemm
+    // whose accumulation bound is below the GPU's).
+    std::vector<double> cpu_as_ref(cpu.begin(), cpu.end());
+    const std::string e2 =
+        compare(cpu_as_ref, got, ro.R, ro.C, na, nb, tol, opt, before_p, bias_p, 2.0);
+    EXPECT_TRUE(e2.empty()) << "GPU vs CPU gemm(): " << e2;
+  }
+}
+
+struct Problem {
+  Operand x, w, dy;
+};
+
+Problem make_problem(Context& ctx, const Recipe& rc, int64_t M, int64_t N, int64_t K, Fill fill,
+                     uint64_t seed) {
+  Problem p;
+  p.x = make_operand(ctx, make_source(M, K, fill, seed + 1), rc.x ? &*rc.x : nullptr);
+  p.w = make_operand(ctx, make_source(N, K, fill, seed + 2), rc.w ? &*rc.w : nullptr);
+  p.dy = make_operand(ctx, make_source(M, N, fill, seed + 3), rc.dy ? &*rc.dy : nullptr);
+  return p;
+}
+
+constexpr GemmRole kRoles[] = {GemmRole::kFprop, GemmRole::kDgrad, GemmRole::kWgrad};
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+class GpuGemm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_GT(cuda_device_count(), 0) << "the GPU tests need a CUDA GPU (run them on a GPU host)";
+  }
+};
+
+// Every backend × role × shape × fill, bf16 output.
+TEST_F(GpuGemm, EveryBackendAndRoleMatchesFloat64Reference) {
+  Context ctx(Device::cuda(0));
+  struct Shape3 {
+    int64_t m, n, k;
+  };
+  const std::vector<Shape3> shapes = {{65, 80, 37},  {1, 48, 64},     {16, 16, 16},   {48, 80, 208},
+                                      {32, 96, 160}, {128, 256, 384}, {256, 128, 512}};
+  for (const Recipe& rc : recipes()) {
+    for (const Shape3& s : shapes) {
+      if (s.m % rc.align || s.n % rc.align || s.k % rc.align) continue;
+      for (Fill f : {Fill::kNormal, Fill::kHeavyTail, Fill::kCancel, Fill::kTiny, Fill::kZeros}) {
+        const Problem p = make_problem(ctx, rc, s.m, s.n, s.k, f, 100 + s.m + s.n + s.k);
+        for (GemmRole role : kRoles) {
+          check_role(ctx, rc, p.x, p.w, p.dy, s.m, s.n, s.k, role, RunSpec{}, fill_name(f));
+        }
+      }
+    }
+  }
+}
+
+// A 4096-wide problem per backend: contraction over 4096 in fprop and dgrad, long rows in wgrad.
+TEST_F(GpuGemm, EveryBackendAndRoleAt4096) {
+  Context ctx(Device::cuda(0));
+  const int64_t M = 128, N = 4096, K = 4096;  // M: the FP8 block recipes need 128
+  for (const Recipe& rc : recipes()) {
+    const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 4096);
+    for (GemmRole role : kRoles) {
+      check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, RunSpec{}, "normal");
+    }
+  }
+}
+
+// f32 output, alpha, beta accumulation into an f32 buffer, bias (f32 and bf16), and agreement
+// with the CPU gemm().
+TEST_F(GpuGemm, AlphaBetaBiasF32OutAndCpuAgreement) {
+  Context ctx(Device::cuda(0));
+  const int64_t M = 128, N = 256, K = 384;
+  for (const Recipe& rc : recipes()) {
+    const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 77);
+    for (GemmRole role : kRoles) {
+      RunSpec a;
+      a.out = DType::kF32;
+      a.alpha = 0.5f;
+      a.beta = 0.75f;
+      a.bias = true;
+      a.against_cpu_gemm = true;
+      check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, a, "f32 alpha beta bias");
+      RunSpec b;
+      b.out = DType::kBF16;
+      b.alpha = -2.0f;
+      b.bias = true;
+      b.against_cpu_gemm = true;
+      check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, b, "bf16 alpha bias");
+      RunSpec c;
+      c.out = DType::kF32;
+      c.against_cpu_gemm = true;
+      check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, c, "f32");
+    }
+  }
+}
+
+// NaN propagates through every backend; ±inf through the BF16 path. NVFP4 gets NaNs only: an
+// infinite global amax is folded into alpha on the GPU (inf · Σ) while the reference multiplies
+// per element (inf · 0 = NaN), so the two legitimately differ there.
+TEST_F(GpuGemm, NanAndInfPropagate) {
+  Context ctx(Device::cuda(0));
+  const int64_t M = 64, N = 128, K = 256;
+  for (const Recipe& rc : recipes()) {
+    const bool nvfp4 = rc.x && (rc.x->mode == ScalingMode::kNVFP4_1x16);
+    for (Fill f : {Fill::kNan, Fill::kNanInf}) {
+      if (nvfp4 && f == Fill::kNanInf) continue;
+      const Problem p = make_problem(ctx, rc, M, N, K, f, 555);
+      for (GemmRole role : kRoles) {
+        for (DType out : {DType::kBF16, DType::kF32}) {
+          RunSpec s;
+          s.out = out;
+          check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, s, fill_name(f));
+        }
+      }
+    }
+  }
+}
+
+// A NaN block scale (E8M0 0xFF, UE4M3 0x7F) makes its rows NaN on the emulated path.
+TEST_F(GpuGemm, NanBlockScaleGivesNan) {
+  Context ctx(Device::cuda(0));
+  const int64_t M = 64, N = 96, K = 128;
+  for (const Recipe& rc : recipes()) {
+    if (rc.backend != GemmBackend::kEmulatedBf16) continue;
+    Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 31);
+    const uint8_t nan_code = rc.x->mode == ScalingMode::kMX1x32 ? 0xFF : 0x7F;
+    // Poison the first scale byte of every copy of X.
+    for (Tensor* t : {&p.x.q_gpu.rowwise_scale_inv, &p.x.q_gpu.columnwise_scale_inv}) {
+      ASSERT_EQ(cudaMemcpy(t->data(), &nan_code, 1, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    p.x.q_cpu = copy_to_cpu(p.x.q_gpu);
+    for (GemmRole role : {GemmRole::kFprop, GemmRole::kWgrad}) {
+      const Roles ro = role_operands(role, p.x, p.w, p.dy, M, N, K);
+      Tensor out = Tensor::empty({ro.R, ro.C}, DType::kF32, Device::cuda(0));
+      GemmOptions opt;
+      opt.role = role;
+      gemm(ctx, ro.a->gpu(), ro.b->gpu(), out.view(), opt);
+      ctx.synchronize();
+      const std::vector<float> got = to_host_f32(out.view());
+      const std::vector<double> ref = gemm_reference_f64(ro.a->cpu(), ro.b->cpu(), opt);
+      int64_t nan_ref = 0, mismatched = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        nan_ref += std::isnan(ref[i]);
+        mismatched += std::isnan(ref[i]) != std::isnan(got[i]);
+      }
+      SCOPED_TRACE(fmt::format("{} {}", rc.name, gemm_role_name(role)));
+      EXPECT_GT(nan_ref, 0) << "the poisoned scale produced no NaN in the reference";
+      EXPECT_EQ(mismatched, 0) << "NaN pattern differs from the reference";
+    }
+  }
+}
+
+// The HYBRID pairings run in both orders (E4M3 × E4M3, E5M2 × E4M3, E4M3 × E5M2) per-tensor and
+// block-scaled; E5M2 × E5M2 is a UserError raised before cuBLASLt is called.
+TEST_F(GpuGemm, HybridPairingsAndE5M2TimesE5M2Rejected) {
+  Context ctx(Device::cuda(0));
+  const int64_t M = 128, N = 256, K = 384;
+  struct Pair {
+    DType x, w;
+  };
+  for (bool block : {false, true}) {
+    for (Pair pr : {Pair{DType::kE4M3, DType::kE4M3}, Pair{DType::kE5M2, DType::kE4M3},
+                    Pair{DType::kE4M3, DType::kE5M2}}) {
+      Recipe rc;
+      rc.name = fmt::format("{} x={} w={}", block ? "fp8_block" : "fp8", dtype_name(pr.x),
+                            dtype_name(pr.w));
+      rc.backend = block ? GemmBackend::kCublasLtFp8Block : GemmBackend::kCublasLtFp8;
+      rc.x = block ? QuantConfig::fp8_block_1x128(pr.x) : QuantConfig::fp8_current(pr.x);
+      rc.w = block ? QuantConfig::fp8_block_128x128(pr.w) : QuantConfig::fp8_current(pr.w);
+      rc.dy = block ? QuantConfig::fp8_block_1x128(DType::kE4M3)
+                    : QuantConfig::fp8_current(DType::kE4M3);
+      rc.align = block ? 128 : 16;
+      const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 900);
+      for (GemmRole role : kRoles) {
+        check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, RunSpec{}, "hybrid");
+      }
+    }
+    // E5M2 × E5M2: X and W both E5M2 (fprop), dY and X both E5M2 (wgrad).
+    Recipe rc;
+    rc.name = "e5m2xe5m2";
+    rc.backend = block ? GemmBackend::kCublasLtFp8Block : GemmBackend::kCublasLtFp8;
+    rc.align = block ? 128 : 16;
+    rc.x =
+        block ? QuantConfig::fp8_block_1x128(DType::kE5M2) : QuantConfig::fp8_current(DType::kE5M2);
+    rc.w = block ? QuantConfig::fp8_block_128x128(DType::kE5M2)
+                 : QuantConfig::fp8_current(DType::kE5M2);
+    rc.dy = rc.x;
+    const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 901);
+    for (GemmRole role : {GemmRole::kFprop, GemmRole::kWgrad}) {
+      const Roles ro = role_operands(role, p.x, p.w, p.dy, M, N, K);
+      Tensor out = Tensor::empty({ro.R, ro.C}, DType::kBF16, Device::cuda(0));
+      GemmOptions opt;
+      opt.role = role;
+      SCOPED_TRACE(fmt::format("{} {}", block ? "block" : "per-tensor", gemm_role_name(role)));
+      try {
+        gemm(ctx, ro.a->gpu(), ro.b->gpu(), out.view(), opt);
+        ADD_FAILURE() << "E5M2 × E5M2 was accepted";
+      } catch (const UserError& e) {
+        // Rejected by the dtype check, not by a failing cuBLASLt call.
+        EXPECT_NE(lower(e.what()).find("e5m2"), std::string::npos) << e.what();
+        EXPECT_EQ(lower(e.what()).find("cublaslt offers no algorithm"), std::string::npos)
+            << e.what();
+      }
+    }
+  }
+}
+
+// Fast accumulation (per-tensor FP8) stays within its measured-derived bound at K = 16384; split
+// accumulation within the tighter one.
+TEST_F(GpuGemm, Fp8FastAndSplitAccumulationAtLongK) {
+  Context ctx(Device::cuda(0));
+  const int64_t M = 64, N = 64, K = 16384;
+  const Recipe rc = recipes()[1];  // fp8_hybrid
+  ASSERT_EQ(rc.name, "fp8_hybrid");
+  const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 16384);
+  for (Fp8Accumulation acc : {Fp8Accumulation::kFast, Fp8Accumulation::kSplit}) {
+    RunSpec s;
+    s.out = DType::kF32;
+    s.acc = acc;
+    check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, GemmRole::kFprop, s,
+               acc == Fp8Accumulation::kFast ? "fast" : "split");
+  }
+}
+
+// Two 128×128-block operands are refused (cuBLASLt has no BLK128 × BLK128 kernel).
+TEST_F(GpuGemm, TwoBlock128x128OperandsRejected) {
+  Context ctx(Device::cuda(0));
+  const int64_t M = 128, N = 256, K = 384;
+  Recipe rc;
+  rc.name = "blk_x_blk";
+  rc.backend = GemmBackend::kCublasLtFp8Block;
+  rc.align = 128;
+  rc.x = QuantConfig::fp8_block_128x128(DType::kE4M3);
+  rc.w = QuantConfig::fp8_block_128x128(DType::kE4M3);
+  rc.dy = QuantConfig::fp8_block_1x128(DType::kE4M3);
+  const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 902);
+  Tensor out = Tensor::empty({M, N}, DType::kBF16, Device::cuda(0));
+  EXPECT_THROW(gemm(ctx, p.x.gpu(), p.w.gpu(), out.view(), GemmOptions{}), UserError);
+}
+
+// The sm_100 block-scaled backend is refused with a clear message, not faked.
+TEST_F(GpuGemm, BlockScaledBackendIsNotYetSupported) {
+  Context ctx(Device::cuda(0));
+  Tensor out = Tensor::empty({16, 16}, DType::kBF16, Device::cuda(0));
+  CanonGemm g;
+  g.R = g.C = g.Kc = 16;
+  g.backend = GemmBackend::kCublasLtBlockScaled;
+  try {
+    gemm_cuda(ctx, g, out.view(), GemmOptions{});
+    ADD_FAILURE() << "the block-scaled backend ran";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("not yet supported"), std::string::npos) << e.what();
+  }
+}
+
+// Repeated calls reuse the cached plans and give identical bits (same algorithm, same stream).
+TEST_F(GpuGemm, RepeatedCallsAreBitIdentical) {
+  Context ctx(Device::cuda(0));
+  const int64_t M = 128, N = 256, K = 384;
+  for (const Recipe& rc : recipes()) {
+    const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 5);
+    for (GemmRole role : kRoles) {
+      const Roles ro = role_operands(role, p.x, p.w, p.dy, M, N, K);
+      Tensor o1 = Tensor::empty({ro.R, ro.C}, DType::kF32, Device::cuda(0));
+      Tensor o2 = Tensor::empty({ro.R, ro.C}, DType::kF32, Device::cuda(0));
+      GemmOptions opt;
+      opt.role = role;
+      gemm(ctx, ro.a->gpu(), ro.b->gpu(), o1.view(), opt);
+      gemm(ctx, ro.a->gpu(), ro.b->gpu(), o2.view(), opt);
+      ctx.synchronize();
+      const std::vector<float> a = to_host_f32(o1.view()), b = to_host_f32(o2.view());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << rc.name << " " << gemm_role_name(role);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lowbit
