@@ -20,5 +20,9 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   PYTHONUNBUFFERED=1 timeout 330 python3 bench/peers/quant_torch.py --out "$out/quant_torch.jsonl" \
     > "$out/quant_torch.txt" 2> "$out/quant_torch.err"
   echo "torch peer exit $?"; tail -45 "$out/quant_torch.txt"
+  timeout 400 "$bin/lowbit" bench gemm --json-out "$out/gemm_lowbit.jsonl" 2>&1 | tee "$out/gemm_lowbit.txt"
+  PYTHONUNBUFFERED=1 timeout 330 python3 bench/peers/gemm_torch.py --out "$out/gemm_torch.jsonl" \
+    > "$out/gemm_torch.txt" 2> "$out/gemm_torch.err"
+  echo "torch gemm peer exit $?"; tail -45 "$out/gemm_torch.txt"
 fi
 exit $status

@@ -1,9 +1,12 @@
 // `lowbit bench <what>`: performance measurements on the GPU (never part of the tests).
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <memory>
 
 #include <nlohmann/json.hpp>
 
+#include "bench/gemm_bench.h"
 #include "bench/quant_bench.h"
 #include "cli/commands.h"
 #include "lowbit/core/error.h"
@@ -36,6 +39,94 @@ std::vector<std::pair<int64_t, int64_t>> parse_shapes(const std::string& spec) {
   LOWBIT_USER_CHECK(!out.empty(), "--shapes: no shape given");
   return out;
 }
+
+std::vector<std::string> split_list(const std::string& spec) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t end = spec.find(',', pos);
+    if (end == std::string::npos) end = spec.size();
+    if (end > pos) out.push_back(spec.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return out;
+}
+
+// `--shapes` of bench gemm: preset names (124m, 1b, 8b, square) and MxNxK layers.
+std::vector<bench::GemmBenchShape> parse_gemm_shapes(const std::string& spec) {
+  std::vector<bench::GemmBenchShape> out;
+  for (const std::string& item : split_list(spec)) {
+    std::vector<bench::GemmBenchShape> preset = bench::gemm_bench_preset(item);
+    if (!preset.empty()) {
+      out.insert(out.end(), preset.begin(), preset.end());
+      continue;
+    }
+    const size_t x1 = item.find('x');
+    const size_t x2 = x1 == std::string::npos ? x1 : item.find('x', x1 + 1);
+    int64_t m = 0, n = 0, k = 0;
+    try {
+      LOWBIT_USER_CHECK(x2 != std::string::npos, "");
+      size_t used = 0;
+      const std::string sm = item.substr(0, x1), sn = item.substr(x1 + 1, x2 - x1 - 1),
+                        sk = item.substr(x2 + 1);
+      m = std::stoll(sm, &used);
+      LOWBIT_USER_CHECK(used == sm.size(), "");
+      n = std::stoll(sn, &used);
+      LOWBIT_USER_CHECK(used == sn.size(), "");
+      k = std::stoll(sk, &used);
+      LOWBIT_USER_CHECK(used == sk.size(), "");
+    } catch (const std::exception&) {
+      throw UserError(fmt::format(
+          "--shapes: '{}' is neither MxNxK (e.g. 8192x8192x8192) nor a preset (124m, 1b, 8b, "
+          "square)",
+          item));
+    }
+    LOWBIT_USER_CHECK(m > 0 && n > 0 && k > 0, "--shapes: '{}' needs positive sizes", item);
+    out.push_back({item, m, n, k});
+  }
+  LOWBIT_USER_CHECK(!out.empty(), "--shapes: no shape given");
+  return out;
+}
+
+std::vector<std::string> parse_gemm_modes(const std::string& spec) {
+  const std::vector<std::string>& all = bench::gemm_bench_modes();
+  const std::vector<std::string> given = split_list(spec);
+  for (const std::string& m : given) {
+    LOWBIT_USER_CHECK(std::find(all.begin(), all.end(), m) != all.end(),
+                      "--modes: unknown mode '{}' (choose from bf16, fp8, fp8-block, mxfp8, nvfp4)",
+                      m);
+  }
+  // bf16 first (the other modes' ratios need it), then the order of gemm_bench_modes().
+  std::vector<std::string> out;
+  for (const std::string& m : all) {
+    if (std::find(given.begin(), given.end(), m) != given.end()) out.push_back(m);
+  }
+  LOWBIT_USER_CHECK(!out.empty(), "--modes: no mode given");
+  return out;
+}
+
+std::vector<GemmRole> parse_gemm_roles(const std::string& spec) {
+  std::vector<GemmRole> out;
+  for (const std::string& r : split_list(spec)) {
+    if (r == "fprop") {
+      out.push_back(GemmRole::kFprop);
+    } else if (r == "dgrad") {
+      out.push_back(GemmRole::kDgrad);
+    } else if (r == "wgrad") {
+      out.push_back(GemmRole::kWgrad);
+    } else {
+      throw UserError(
+          fmt::format("--roles: unknown role '{}' (choose from fprop, dgrad, wgrad)", r));
+    }
+  }
+  LOWBIT_USER_CHECK(!out.empty(), "--roles: no role given");
+  return out;
+}
+
+double not_measured() { return std::nan(""); }
+
+// NaN (not measured) as JSON null.
+nlohmann::json num(double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); }
 
 }  // namespace
 
@@ -77,6 +168,109 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
           f << j.dump() << "\n";
         }
       }
+      return 0;
+    };
+  });
+
+  struct GemmOpts {
+    std::string shapes = "square,124m,1b,8b";
+    std::string modes = "bf16,fp8,fp8-block,mxfp8,nvfp4";
+    std::string roles = "fprop,dgrad,wgrad";
+    int iters = 30;
+    int warmup = 5;
+    std::string json_out;
+  };
+  auto g = std::make_shared<GemmOpts>();
+  CLI::App* gemm_cmd = bench->add_subcommand(
+      "gemm",
+      "TFLOP/s of gemm() per mode on square shapes and the fprop/dgrad/wgrad GEMMs of the model "
+      "presets, with raw cuBLASLt measured alongside");
+  gemm_cmd
+      ->add_option("--shapes", g->shapes,
+                   "Comma-separated MxNxK layers (M tokens, N out, K in) or presets: 124m, 1b, "
+                   "8b, square (4096^3, 8192^3)")
+      ->capture_default_str();
+  gemm_cmd
+      ->add_option("--modes", g->modes, "Comma-separated modes: bf16, fp8, fp8-block, mxfp8, nvfp4")
+      ->capture_default_str();
+  gemm_cmd->add_option("--roles", g->roles, "Comma-separated GEMMs per layer: fprop, dgrad, wgrad")
+      ->capture_default_str();
+  gemm_cmd->add_option("--iters", g->iters, "Timed samples per measurement (median reported)")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  gemm_cmd->add_option("--warmup", g->warmup, "Warm-up calls before timing")
+      ->check(CLI::Range(0, 10000))
+      ->capture_default_str();
+  gemm_cmd->add_option("--json-out", g->json_out,
+                       "Also write one JSON object per row to this file");
+  gemm_cmd->callback([g, &action] {
+    action = [g] {
+      bench::GemmBenchOptions opt;
+      opt.shapes = parse_gemm_shapes(g->shapes);
+      opt.modes = parse_gemm_modes(g->modes);
+      opt.roles = parse_gemm_roles(g->roles);
+      opt.iters = g->iters;
+      opt.warmup = g->warmup;
+      const std::vector<GpuInfo> gpus = list_gpus();
+      LOWBIT_USER_CHECK(!gpus.empty(), "bench gemm needs a CUDA GPU; none was found");
+      std::ofstream f;
+      if (!g->json_out.empty()) {
+        f.open(g->json_out);
+        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}", g->json_out);
+      }
+      std::printf("lowbit bench gemm on %s\n", gpus[0].name.c_str());
+      const auto rows = bench::run_gemm_bench(opt);
+      if (f.is_open()) {
+        for (const auto& r : rows) {
+          nlohmann::json j = {
+              {"impl", r.impl},
+              {"device", gpus[0].name},
+              {"bench", "gemm"},
+              {"shape", r.shape},
+              {"M", r.m},
+              {"N", r.n},
+              {"K", r.k},
+              {"role", r.role},
+              {"mode", r.mode},
+              {"backend", r.backend},
+              {"gemm", r.r > 0 ? nlohmann::json(fmt::format("{}x{}x{}", r.r, r.c, r.kc))
+                               : nlohmann::json()},
+              {"ms", num(r.ms)},
+              {"flops", r.flops},
+              {"tflops", num(r.tflops)},
+              {"ratio_bf16", num(r.ratio_bf16)},
+              {"overhead_pct", num(r.overhead_pct)},
+              {"iters", opt.iters},
+              {"error", r.error.empty() ? nlohmann::json() : nlohmann::json(r.error)}};
+          f << j.dump() << "\n";
+        }
+      }
+      // The targets, over the rows that measure them.
+      double worst_overhead = not_measured(), fp8_8192 = not_measured(),
+             worst_emulated = not_measured();
+      for (const auto& r : rows) {
+        if (r.impl != "lowbit" || !r.error.empty()) continue;
+        if (!std::isnan(r.overhead_pct) && !(r.overhead_pct <= worst_overhead)) {
+          worst_overhead = r.overhead_pct;
+        }
+        if (r.mode == "fp8" && r.m == 8192 && r.n == 8192 && r.k == 8192 && r.role == "fprop") {
+          fp8_8192 = r.ratio_bf16;
+        }
+        if ((r.mode == "mxfp8" || r.mode == "nvfp4") && !std::isnan(r.ratio_bf16) &&
+            !(r.ratio_bf16 >= worst_emulated)) {
+          worst_emulated = r.ratio_bf16;
+        }
+      }
+      auto verdict = [](double v, bool ok) {
+        return std::isnan(v) ? "not measured" : (ok ? "met" : "MISSED");
+      };
+      std::printf("\ntargets:\n");
+      std::printf("  gemm() overhead vs raw cuBLASLt <= 3%%: worst %+.1f%% (%s)\n", worst_overhead,
+                  verdict(worst_overhead, worst_overhead <= 3.0));
+      std::printf("  FP8 >= 1.7x BF16 at 8192^3 fprop: %.2fx (%s)\n", fp8_8192,
+                  verdict(fp8_8192, fp8_8192 >= 1.7));
+      std::printf("  emulated MXFP8/NVFP4 time <= 1.25x BF16 (ratio >= 0.80): worst %.2fx (%s)\n",
+                  worst_emulated, verdict(worst_emulated, worst_emulated >= 0.8));
       return 0;
     };
   });

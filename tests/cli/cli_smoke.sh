@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Smoke test of the `lowbit` binary: help, info (table and JSON), bench quant's options and
-# errors, quantize of a small safetensors file, and the usage-error paths.
+# Smoke test of the `lowbit` binary: help, info (table and JSON), bench quant's and bench gemm's
+# options and errors, quantize of a small safetensors file, and the usage-error paths.
 # Usage: cli_smoke.sh path/to/lowbit
 set -euo pipefail
 
@@ -85,6 +85,32 @@ if [[ $json_path == cpu ]]; then
   run 2 bench quant
   grep -q "error: bench quant needs a CUDA GPU" "$tmp/err" ||
     fail "'lowbit bench quant' without a GPU does not say that it needs one"
+fi
+
+# bench gemm: its options, bad --shapes / --modes (rejected before any GPU is needed), and on a
+# machine without a GPU a clear error instead of a crash.
+run 0 bench --help
+grep -q "gemm" "$tmp/out" || fail "'lowbit bench --help' does not list gemm"
+run 0 bench gemm --help
+for opt in --shapes --modes --roles --iters --warmup --json-out; do
+  grep -q -- "$opt" "$tmp/out" || fail "'lowbit bench gemm --help' does not list $opt"
+done
+for word in 124m 1b 8b square fp8-block mxfp8 nvfp4; do
+  grep -q -- "$word" "$tmp/out" || fail "'lowbit bench gemm --help' does not mention $word"
+done
+run 2 bench gemm --shapes 8192x8192
+grep -q "error: --shapes: '8192x8192' is neither MxNxK" "$tmp/err" ||
+  fail "bench gemm, bad --shapes: no 'is neither MxNxK' error"
+run 2 bench gemm --modes fp4
+grep -q "error: --modes: unknown mode 'fp4'" "$tmp/err" ||
+  fail "bench gemm, bad --modes: no 'unknown mode' error"
+run 2 bench gemm --iters 0
+grep -q -- "--iters" "$tmp/err" || fail "bench gemm --iters 0: the message does not name --iters"
+if [[ $json_path == cpu ]]; then
+  run 2 bench gemm --shapes 124m --json-out "$tmp/gemm.jsonl"
+  grep -q "error: bench gemm needs a CUDA GPU" "$tmp/err" ||
+    fail "'lowbit bench gemm' without a GPU does not say that it needs one"
+  [[ ! -e $tmp/gemm.jsonl ]] || fail "'lowbit bench gemm' without a GPU wrote its --json-out file"
 fi
 
 # quantize: a small safetensors checkpoint (a 64x64 BF16 matrix, a rank-1 F32 norm) converted
