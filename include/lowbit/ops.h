@@ -1,0 +1,140 @@
+// lowbit ops layer: the transformer's non-GEMM ops, each a forward and a backward.
+//
+// Every op has two implementations behind one declaration: a CPU twin (plain loops over host
+// memory, the definition of the op, src/ops/<op>_ref.cpp) and a CUDA kernel
+// (src/ops/<op>.cu). The dispatcher picks by the tensors' device; all tensors of one call live
+// on the same device as ctx. Shapes below use N = tokens (B·T), D = model width, V = vocab,
+// F = MLP hidden width, H/Hkv = query/key-value heads, Dh = head dim.
+//
+// Numerics shared by both twins:
+// - bf16 tensors are read into fp32, computed in fp32 and rounded once (RN) when stored;
+// - reductions over a row (RMSNorm, softmax, cross-entropy) accumulate in fp32 in an order the
+//   CPU twin and the kernel need not share, so results agree to a tolerance, not bit for bit;
+// - gradients of parameters (embedding table, norm weights) are fp32 and *accumulated* (+=),
+//   so micro-batches add up without a separate buffer; the caller zeroes them once per step;
+// - results are deterministic: the same inputs give the same bits on every run (no
+//   floating-point atomics whose order varies).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lowbit/core.h"
+
+namespace lowbit {
+
+// ---- token embedding ------------------------------------------------------------------------
+// out [N, D] bf16 = table [V, D] (bf16) rows selected by tokens [N] i32. A token outside
+// [0, V) is a UserError on the CPU; on the GPU it sets out's row to NaN (checked later).
+void embedding_fwd(Context& ctx, const TensorView& out, const TensorView& tokens,
+                   const TensorView& table);
+// dtable [V, D] f32 += scatter of dout [N, D] bf16 by tokens [N] i32 (deterministic order).
+void embedding_bwd(Context& ctx, const TensorView& dtable, const TensorView& tokens,
+                   const TensorView& dout);
+
+// ---- RMSNorm --------------------------------------------------------------------------------
+// out [N, D] bf16 = x · rstd · w, rstd [N] f32 = 1 / sqrt(mean(x²) + eps); x [N, D] bf16,
+// w [D] bf16.
+void rmsnorm_fwd(Context& ctx, const TensorView& out, const TensorView& rstd, const TensorView& x,
+                 const TensorView& w, float eps);
+// dx [N, D] bf16 (overwritten), dw [D] f32 (+=), from dout [N, D] bf16 and the forward's x, w,
+// rstd.
+void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const TensorView& dout,
+                 const TensorView& x, const TensorView& w, const TensorView& rstd);
+
+// ---- rotary position embedding -----------------------------------------------------------
+struct RopeConfig {
+  float theta = 10000.0f;
+  // LLaMA-3 frequency scaling (applied when factor > 1): wavelengths longer than
+  // original_max_positions / low_freq_factor are divided by `factor`, shorter than
+  // original_max_positions / high_freq_factor kept, smoothly interpolated between.
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_max_positions = 8192;
+};
+// table [T, Dh/2, 2] f32 = (cos, sin) of position t · inv_freq[i], computed in f64 and rounded
+// once, identical on the CPU and the GPU (filled on the host, copied to table's device).
+void rope_table(Context& ctx, const TensorView& table, const RopeConfig& cfg);
+// y [B, T, nH, Dh] bf16 = x rotated by the angle of position t, pairing element i with
+// i + Dh/2 (HF LLaMA's rotate_half convention, so HF checkpoints load unpermuted):
+//   y[i] = x[i]·cos − x[i+Dh/2]·sin,  y[i+Dh/2] = x[i+Dh/2]·cos + x[i]·sin.
+// x and y may be the same storage and may be strided views (e.g. the q or k part of a fused
+// qkv activation; the last dim must be contiguous). bwd rotates by −angle.
+void rope_fwd(Context& ctx, const TensorView& y, const TensorView& x, const TensorView& table);
+void rope_bwd(Context& ctx, const TensorView& dx, const TensorView& dy, const TensorView& table);
+
+// ---- causal attention with grouped-query heads ---------------------------------------------
+// q [B, T, H, Dh], k and v [B, T, Hkv, Dh] bf16 (strided views allowed, last dim contiguous;
+// H a multiple of Hkv; query head h reads kv head h / (H / Hkv)); Dh ∈ {64, 128}.
+// out [B, T, H, Dh] bf16 (contiguous), lse [B, H, T] f32 = log Σ exp(scale · q·k) per query
+// (natural log), saved for the backward. Causal: query t sees keys 0..t.
+void attention_fwd(Context& ctx, const TensorView& out, const TensorView& lse, const TensorView& q,
+                   const TensorView& k, const TensorView& v, float scale);
+// dq [B, T, H, Dh], dk and dv [B, T, Hkv, Dh] bf16 (overwritten; strided views allowed) from
+// dout [B, T, H, Dh] bf16 and the forward's q, k, v, out, lse.
+void attention_bwd(Context& ctx, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                   const TensorView& dout, const TensorView& q, const TensorView& k,
+                   const TensorView& v, const TensorView& out, const TensorView& lse, float scale);
+
+// ---- SwiGLU -----------------------------------------------------------------------------------
+// gate_up [N, 2F] bf16 holds the gate projection in columns [0, F) and the up projection in
+// [F, 2F). out [N, F] bf16 = silu(gate) · up.
+void swiglu_fwd(Context& ctx, const TensorView& out, const TensorView& gate_up);
+// dgate_up [N, 2F] bf16 (overwritten) from dout [N, F] bf16 and the forward's gate_up.
+void swiglu_bwd(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
+                const TensorView& gate_up);
+
+// ---- elementwise pieces -------------------------------------------------------------------
+// out = a + b, same shape; bf16 or f32 (all three the same dtype). out may alias a or b.
+void add(Context& ctx, const TensorView& out, const TensorView& a, const TensorView& b);
+// dst = src converted (f32 ↔ bf16, RN), same shape, contiguous.
+void convert(Context& ctx, const TensorView& dst, const TensorView& src);
+
+// ---- cross-entropy over the vocabulary -----------------------------------------------------
+// One chunk of rows of the LM head's output. logits [n, V] bf16 (this chunk's rows only, so
+// full fp32 logits are never materialised); targets [n] i32 (ignore_index marks masked tokens,
+// e.g. prompts in SFT). losses [n] f32 = logsumexp(logits) − logits[target] (0 for ignored
+// rows). When dlogits is non-null it receives [n, V] bf16 = grad_scale · (softmax − onehot)
+// (zero rows for ignored tokens) and may alias logits (computed in place).
+// grad_scale is typically 1 / (valid tokens in the batch · micro-batches).
+void cross_entropy_fwd_bwd(Context& ctx, const TensorView& losses, const TensorView* dlogits,
+                           const TensorView& logits, const TensorView& targets, int ignore_index,
+                           float grad_scale);
+
+// ---- optimizer: multi-tensor AdamW over the parameter arena --------------------------------
+// One segment per parameter tensor of the arena (offsets and lengths in elements).
+struct ParamSegment {
+  int64_t offset = 0;
+  int64_t numel = 0;
+  bool weight_decay = true;  // false for norms (and anything else the policy exempts)
+};
+struct AdamWConfig {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  int64_t step = 1;  // 1-based, for the bias corrections 1 − βᵗ
+};
+// In one pass over every segment: g = grad · (*grad_scale) (grad_scale is a device-side f32
+// scalar from clip_coefficient(), so clipping needs no host sync); m, v updated; master -= lr ·
+// (m̂ / (sqrt(v̂) + eps) + wd · master) (decoupled decay, PyTorch's AdamW order); and, when
+// `compute` is non-null, compute [P] bf16 = RN(master). If *skip (device i32) is non-zero the
+// step leaves everything untouched (NaN guard). master, grad, m, v [P] f32.
+void adamw_step(Context& ctx, const TensorView& master, const TensorView& grad, const TensorView& m,
+                const TensorView& v, const TensorView* compute,
+                const std::vector<ParamSegment>& segments, const AdamWConfig& cfg,
+                const TensorView& grad_scale, const TensorView& skip);
+
+// ---- gradient norm and clipping ------------------------------------------------------------
+// sumsq [S] f32 = Σ grad² over each segment (deterministic order), from grad [P] f32.
+void segment_sumsq(Context& ctx, const TensorView& sumsq, const TensorView& grad,
+                   const std::vector<ParamSegment>& segments);
+// From sumsq [S] f32, on the device: norm [1] f32 = sqrt(Σ sumsq); coef [1] f32 =
+// min(1, max_norm / (norm + 1e-6)) (1 when max_norm ≤ 0); skip [1] i32 = 1 when the norm is not
+// finite, else 0.
+void clip_coefficient(Context& ctx, const TensorView& norm, const TensorView& coef,
+                      const TensorView& skip, const TensorView& sumsq, float max_norm);
+
+}  // namespace lowbit
