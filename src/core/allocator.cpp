@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -52,6 +53,57 @@ std::string in_use(Device dev) {
   return out;
 }
 
+// Device blocks freed by the program are kept, keyed by their rounded size, and handed out
+// again: a training step allocates the same sizes every step, and cudaMalloc/cudaFree would
+// synchronise the device on each. Reuse is safe because all work runs in stream order on one
+// stream per device (a block freed on the host may still be read by queued kernels, and any
+// later kernel using it again is queued after them). The allocator's counters track the bytes
+// the program holds; cached blocks are not counted.
+struct DeviceCache {
+  std::mutex mu;
+  std::map<std::pair<int, size_t>, std::vector<void*>> free_blocks;  // (device, size) → blocks
+  size_t cached_bytes = 0;
+};
+
+DeviceCache& device_cache() {
+  static DeviceCache* c = new DeviceCache();  // never destroyed: frees race driver teardown
+  return *c;
+}
+
+size_t cache_round(size_t bytes) {
+  const size_t q = bytes < (size_t(1) << 20) ? 512 : (size_t(2) << 20);
+  return (bytes + q - 1) / q * q;
+}
+
+// Returns every cached block of `dev` to the driver (before retrying a failed cudaMalloc).
+void release_cached(Device dev) {
+  DeviceCache& c = device_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  cudaDeviceSynchronize();
+  for (auto it = c.free_blocks.begin(); it != c.free_blocks.end();) {
+    if (it->first.first != dev.index) {
+      ++it;
+      continue;
+    }
+    for (void* p : it->second) {
+      cudaFree(p);
+      c.cached_bytes -= it->first.second;
+    }
+    it = c.free_blocks.erase(it);
+  }
+}
+
+void* cuda_take(Device dev, size_t rounded) {
+  DeviceCache& c = device_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.free_blocks.find({dev.index, rounded});
+  if (it == c.free_blocks.end() || it->second.empty()) return nullptr;
+  void* p = it->second.back();
+  it->second.pop_back();
+  c.cached_bytes -= rounded;
+  return p;
+}
+
 }  // namespace
 
 std::string_view mem_category_name(MemCategory c) {
@@ -79,11 +131,21 @@ void* mem_alloc(Device dev, size_t bytes, MemCategory cat) {
           bytes / 1048576.0, mem_category_name(cat), in_use(dev)));
     }
   } else {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    if (prev != dev.index) cudaSetDevice(dev.index);
-    const cudaError_t err = cudaMalloc(&p, bytes);
-    if (prev != dev.index) cudaSetDevice(prev);
+    const size_t rounded = cache_round(bytes);
+    p = cuda_take(dev, rounded);
+    cudaError_t err = cudaSuccess;
+    if (p == nullptr) {
+      int prev = 0;
+      cudaGetDevice(&prev);
+      if (prev != dev.index) cudaSetDevice(dev.index);
+      err = cudaMalloc(&p, rounded);
+      if (err != cudaSuccess) {  // give the cache back to the driver and try once more
+        cudaGetLastError();
+        release_cached(dev);
+        err = cudaMalloc(&p, rounded);
+      }
+      if (prev != dev.index) cudaSetDevice(prev);
+    }
     if (err != cudaSuccess) {
       cudaGetLastError();
       throw UserError(fmt::format(
@@ -102,7 +164,11 @@ void mem_free(Device dev, void* p, size_t bytes, MemCategory cat) {
   if (dev.is_cpu()) {
     std::free(p);
   } else {
-    cudaFree(p);  // errors at teardown (driver shutting down) are not actionable
+    DeviceCache& c = device_cache();
+    const size_t rounded = cache_round(bytes);
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.free_blocks[{dev.index, rounded}].push_back(p);
+    c.cached_bytes += rounded;
   }
   account(dev, cat, -static_cast<int64_t>(bytes));
 }
