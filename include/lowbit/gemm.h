@@ -52,7 +52,12 @@ struct GemmOptions {
   // into an fp32 gradient buffer across micro-batches).
   float alpha = 1.0f;
   float beta = 0.0f;
-  const TensorView* bias = nullptr;  // [C] bf16 or f32, added to every row of out; optional
+  // [C] bf16 or f32, added to every row of out; optional. On the GPU the add is fused into
+  // cuBLASLt's epilogue (alpha·acc + beta·out + bias in fp32, one rounding to out's type) where
+  // cuBLASLt takes the combination: a bias of out's dtype with bf16 operands (and the emulated
+  // MX / NVFP4 path), a bf16 bias with FP8 operands; otherwise a separate kernel adds it after
+  // the GEMM (a second rounding for a bf16 out).
+  const TensorView* bias = nullptr;
   Fp8Accumulation accumulation = Fp8Accumulation::kDefault;
 };
 
@@ -70,8 +75,26 @@ std::string_view gemm_backend_name(GemmBackend b);
 // out [R, C] (bf16 or f32; same device as the operands) = alpha · A'·B'ᵀ + beta · out (+ bias).
 // Shapes, dtypes, the copies a role needs and alignment are checked first; a violation is a
 // UserError that says what to change (e.g. "pad K to a multiple of 16").
+//
+// On the GPU every distinct problem (shapes, dtypes, layouts, pointer alignments, bias
+// epilogue) gets a cuBLASLt plan on its first call, cached for the process. With autotuning on
+// (the default) that first call times up to 8 of cuBLASLt's heuristic candidates on ctx's
+// stream (2 warm-up and 5 timed calls each, into a scratch output the size of out that is
+// allocated for the timing and freed after it; `out` itself is written only by the real call)
+// and keeps the fastest: the first call of a new shape therefore synchronises ctx's stream.
+// Inside a CUDA graph capture the timing is put off to a later call outside one. Later calls
+// reuse the plan, so they are bit-identical to each other; which candidate wins can differ from
+// one process to the next, so runs that must reproduce bit for bit turn autotuning off.
 void gemm(Context& ctx, const GemmOperand& a, const GemmOperand& b, const TensorView& out,
           const GemmOptions& opt = {});
+
+// Algorithm selection of the CUDA backends: on (time the heuristic candidates once per plan,
+// keep the fastest) or off (cuBLASLt's first heuristic choice). The default is on unless the
+// environment sets LOWBIT_GEMM_AUTOTUNE to 0, off, false or no when it is first read;
+// set_gemm_autotune() overrides the environment for the whole process (every thread and
+// Context). Turning it off after plans were timed goes back to the first heuristic choice.
+void set_gemm_autotune(bool on);
+bool gemm_autotune();
 
 // The backend gemm() picks for these operands on ctx's device.
 GemmBackend gemm_backend_for(const Context& ctx, const GemmOperand& a, const GemmOperand& b);

@@ -2,6 +2,12 @@
 // dgrad and wgrad GEMMs of the model presets, with the same problems also run as raw cuBLASLt
 // calls (bf16 and per-tensor FP8) to measure what gemm() adds.
 //
+// Algorithm: gemm() picks its cuBLASLt algorithm once per problem (by timing the heuristic's
+// candidates unless LOWBIT_GEMM_AUTOTUNE=0, see gemm_autotune()); a first untimed gemm() call
+// makes that choice, each lowbit row prints it ("algo #i of n", i = 1 is cuBLASLt's first
+// heuristic choice), and the raw cuBLASLt twin runs that same algorithm, so that "vs raw" is
+// what gemm() adds around one cublasLtMatmul.
+//
 // Every (layer, mode) prepares its operands once: X [M, K], W [N, K] and dY [M, N] bf16 from a
 // Philox fill, then quantize() with exactly the copies the selected roles need (fprop: X and W
 // rowwise; dgrad: dY rowwise, W columnwise; wgrad: dY and X columnwise). Nothing of the
@@ -17,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -115,17 +122,12 @@ cudaDataType_t raw_type(DType t) {
   throw UserError(fmt::format("bench gemm: no raw cuBLASLt type for {}", dtype_name(t)));
 }
 
-int64_t ptr_alignment(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  int64_t al = 1;
-  while (al < 256 && (a % (2 * al)) == 0) al *= 2;
-  return al;
-}
-
-// The canonical problem of gemm() issued directly to cuBLASLt: descriptor, layouts and heuristic
-// built once here, so that run() is one cublasLtMatmul. The row-major → column-major mapping is
-// gemm_cuda.cpp's: cuBLASLt A = B' (op T when K-contiguous), B = A' (op N when K-contiguous),
-// m = C, n = R, k = Kc, D = out (row-major [R, C] = column-major [C, R]).
+// The canonical problem of gemm() issued directly to cuBLASLt: descriptor and layouts built
+// once here, with the algorithm gemm() ran for the same problem (`algo`, checked against these
+// descriptors with cublasLtMatmulAlgoCheck), so that run() is one cublasLtMatmul. The row-major
+// → column-major mapping is gemm_cuda.cpp's: cuBLASLt A = B' (op T when K-contiguous), B = A'
+// (op N when K-contiguous), m = C, n = R, k = Kc, D = out (row-major [R, C] = column-major
+// [C, R]).
 class RawLt {
  public:
   struct Operand {
@@ -136,8 +138,9 @@ class RawLt {
     const float* scale = nullptr;
   };
 
-  RawLt(Context& ctx, const CanonGemm& g, const TensorView& out)
+  RawLt(Context& ctx, const CanonGemm& g, const TensorView& out, const GemmCudaLastCall& algo)
       : lt_(reinterpret_cast<cublasLtHandle_t>(ctx.cublaslt())), stream_(ctx.stream()) {
+    LOWBIT_USER_CHECK(algo.valid, "raw cuBLASLt: gemm() ran no cuBLASLt algorithm to reuse");
     a_ = operand(g.b);
     b_ = operand(g.a);
     d_ = out.data;
@@ -168,31 +171,18 @@ class RawLt {
     layout(b_, &lb_);
     LOWBIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld_, CUDA_R_16BF, m_, n_, m_));
 
-    cublasLtMatmulPreference_t pref;
-    LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t ws = kRawWorkspaceBytes;
-    LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    const uint32_t al_a = ptr_alignment(a_.ptr), al_b = ptr_alignment(b_.ptr),
-                   al_d = ptr_alignment(d_);
-    LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
-    LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
-    LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
-    LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
-    cublasLtMatmulHeuristicResult_t h{};
-    int found = 0;
+    static_assert(sizeof(algo_) == sizeof(algo.algo), "one cublasLtMatmulAlgo_t");
+    std::memcpy(&algo_, algo.algo, sizeof(algo_));
+    cublasLtMatmulHeuristicResult_t check{};
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt_, desc_, la_, lb_, ld_, ld_, pref, 1, &h, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+        cublasLtMatmulAlgoCheck(lt_, desc_, la_, lb_, ld_, ld_, &algo_, &check);
+    if (st != CUBLAS_STATUS_SUCCESS || check.workspaceSize > kRawWorkspaceBytes) {
       release();
-      throw UserError(fmt::format("raw cuBLASLt: no algorithm (status {})", int(st)));
+      throw UserError(
+          fmt::format("raw cuBLASLt: gemm()'s algorithm does not fit the raw descriptors "
+                      "(status {}, workspace {} bytes)",
+                      int(st), check.workspaceSize));
     }
-    algo_ = h.algo;
   }
   ~RawLt() { release(); }
   RawLt(const RawLt&) = delete;
@@ -302,7 +292,8 @@ GemmBenchRow make_row(const GemmBenchShape& s, GemmRole role, const std::string&
   return r;
 }
 
-void print_row(const GemmBenchRow& r) {
+// `note`: printed at the end of the line (which algorithm gemm() runs).
+void print_row(const GemmBenchRow& r, const std::string& note = "") {
   const std::string label = fmt::format("{} {}", r.shape, r.role);
   const std::string impl = r.impl == "lowbit" ? r.mode : r.mode + " (raw)";
   if (!r.error.empty()) {
@@ -312,8 +303,9 @@ void print_row(const GemmBenchRow& r) {
         std::isnan(r.ratio_bf16) ? "" : fmt::format("{:.2f}x bf16", r.ratio_bf16);
     const std::string over =
         std::isnan(r.overhead_pct) ? "" : fmt::format("{:+.1f}% vs raw", r.overhead_pct);
-    std::printf("%-22s %-16s %9.4f ms %7.1f TFLOP/s %12s %14s\n", label.c_str(), impl.c_str(), r.ms,
-                r.tflops, ratio.c_str(), over.c_str());
+    std::printf("%-22s %-16s %9.4f ms %7.1f TFLOP/s %12s %14s%s%s\n", label.c_str(), impl.c_str(),
+                r.ms, r.tflops, ratio.c_str(), over.c_str(), note.empty() ? "" : "   ",
+                note.c_str());
   }
   std::fflush(stdout);
 }
@@ -429,6 +421,7 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& opt) {
           case GemmRole::kWgrad: a = op(dy, qdy), b = op(x, qx), out_shape = Shape{N, K}; break;
         }
         std::optional<GemmBenchRow> raw_row;
+        std::string algo_note;
         if (prep_error.empty()) {
           try {
             GemmOptions gopt;
@@ -439,13 +432,21 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& opt) {
             row.r = g.R;
             row.c = g.C;
             row.kc = g.Kc;
-            // Raw cuBLASLt of the same problem (bf16 and per-tensor FP8), timed interleaved
-            // with gemm().
+            // A first call picks gemm()'s algorithm (timing the candidates when autotuning).
+            gemm(ctx, a, b, out, gopt);
+            LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+            const GemmCudaLastCall algo = gemm_cuda_last_call();
+            if (algo.valid) {
+              algo_note = fmt::format("algo #{} of {}{}", algo.algo_index + 1, algo.candidates,
+                                      algo.autotuned ? " (timed)" : "");
+            }
+            // Raw cuBLASLt of the same problem and algorithm (bf16 and per-tensor FP8), timed
+            // interleaved with gemm().
             std::unique_ptr<RawLt> raw;
             std::string raw_error;
             if (g.backend == GemmBackend::kCublasLtBf16 || g.backend == GemmBackend::kCublasLtFp8) {
               try {
-                raw = std::make_unique<RawLt>(ctx, g, out);
+                raw = std::make_unique<RawLt>(ctx, g, out, algo);
               } catch (const std::exception& e) {
                 raw_error = short_error(e);
               }
@@ -477,7 +478,7 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& opt) {
             row.error = short_error(e);
           }
         }
-        print_row(row);
+        print_row(row, algo_note);
         rows.push_back(row);
         if (raw_row) {
           print_row(*raw_row);

@@ -17,5 +17,6 @@ using CommandAction = std::function<int()>;
 void add_info_command(CLI::App& app, CommandAction& action);
 void add_bench_command(CLI::App& app, CommandAction& action);
 void add_quantize_command(CLI::App& app, CommandAction& action);
+void add_train_command(CLI::App& app, CommandAction& action);
 
 }  // namespace lowbit::cli

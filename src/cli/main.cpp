@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   lowbit::cli::add_info_command(app, action);
   lowbit::cli::add_bench_command(app, action);
   lowbit::cli::add_quantize_command(app, action);
+  lowbit::cli::add_train_command(app, action);
   app.footer("Run 'lowbit <command> --help' for the options of a command.");
 
   try {

@@ -1,5 +1,6 @@
 // CUDA kernels of the gemm layer: exact MX / NVFP4 → bf16 dequantization for the emulated
-// BF16 path on Hopper, the NVFP4 alpha fold (formats.md §2.6) and the bias add.
+// BF16 path on Hopper, the NVFP4 alpha fold (formats.md §2.6), the bias add and the wait that
+// precedes the timed calls of algorithm selection.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -108,6 +109,15 @@ __global__ void add_bias_kernel(TO* out, int64_t rows, int64_t cols, int64_t ld,
   }
 }
 
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 int grid_for(int64_t work) {
   const int64_t blocks = (work + kThreads - 1) / kThreads;
   return static_cast<int>(blocks < 1 ? 1 : (blocks > 65535 * 4 ? 65535 * 4 : blocks));
@@ -154,6 +164,11 @@ void add_bias(void* out, bool out_bf16, int64_t rows, int64_t cols, int64_t ld_o
                                                      static_cast<const float*>(bias));
     }
   }
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+void gpu_spin(uint64_t ns, cudaStream_t stream) {
+  spin_kernel<<<1, 1, 0, stream>>>(ns);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

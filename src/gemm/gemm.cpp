@@ -1,5 +1,8 @@
 // gemm(): validation, the canonical TN problem, backend choice and the fast-accumulation policy
 // (formats.md §3–§4); the backends live in gemm_cpu.cpp and the CUDA files.
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -295,6 +298,31 @@ CanonGemm canonicalize(const Context& ctx, const GemmOperand& a, const GemmOpera
       break;
   }
   return g;
+}
+
+bool gemm_autotune_from_env(const char* value) {
+  if (value == nullptr) return true;
+  std::string v(value);
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return !(v == "0" || v == "off" || v == "false" || v == "no");
+}
+
+namespace {
+// -1: not yet decided (read LOWBIT_GEMM_AUTOTUNE on first use), else 0 / 1.
+std::atomic<int> g_autotune{-1};
+}  // namespace
+
+void set_gemm_autotune(bool on) { g_autotune.store(on ? 1 : 0); }
+
+bool gemm_autotune() {
+  int v = g_autotune.load();
+  if (v < 0) {
+    const int from_env = gemm_autotune_from_env(std::getenv("LOWBIT_GEMM_AUTOTUNE")) ? 1 : 0;
+    // A concurrent set_gemm_autotune() wins over the environment.
+    g_autotune.compare_exchange_strong(v, from_env);
+    v = g_autotune.load();
+  }
+  return v != 0;
 }
 
 void gemm(Context& ctx, const GemmOperand& a, const GemmOperand& b, const TensorView& out,

@@ -1,15 +1,19 @@
 // CUDA backends of gemm() (formats.md §3–§4): cuBLASLt BF16, per-tensor FP8, FP8 block scaling
 // (VEC128_32F / BLK128x128_32F) and the emulated MX / NVFP4 path of Hopper (exact dequantization
-// to bf16, then the BF16 GEMM). Descriptors and heuristic choices are cached per problem.
+// to bf16, then the BF16 GEMM). Descriptors, heuristic candidates and the algorithm chosen among
+// them (by timing, see gemm_autotune()) are cached per problem in a plan.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "gemm/gemm_cuda_kernels.h"
 #include "gemm/gemm_internal.h"
@@ -18,8 +22,24 @@
 namespace lowbit {
 namespace {
 
+// cuBLAS's recommended workspace on Hopper (cublasSetWorkspace: 32 MiB for sm_90, 4 MiB before);
+// PyTorch gives cuBLASLt the same on sm_90 and later.
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 constexpr size_t kAlign = 256;
+
+// Algorithm selection by measurement (once per plan, see gemm_autotune()). On an H100 single
+// calls timed from an idle GPU rank the candidates by their first milliseconds at boost clock,
+// which differs from their rank under sustained load (by up to ≈ 5 % at 4096³ and 8192³); so
+// each candidate runs in bursts of ≈ 1 ms, the GPU is loaded by one untimed burst of each
+// before the timed rounds, and the rounds interleave the candidates.
+constexpr int kMaxCandidates = 8;     // heuristic results asked for
+constexpr int kTuneRounds = 7;        // timed bursts per candidate, one per round
+constexpr double kTuneBurstMs = 1.0;  // target length of one burst
+constexpr int kTuneMaxBurst = 64;     // calls in a burst at most
+constexpr double kTuneMargin = 0.01;  // a lower-ranked candidate must be ≥ 1 % faster to win
+
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(GemmCudaLastCall::algo),
+              "GemmCudaLastCall::algo holds one cublasLtMatmulAlgo_t");
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -70,6 +90,9 @@ struct LtProblem {
   const float* alpha = nullptr;
   const float* beta = nullptr;
   void* workspace = nullptr;
+  // GemmOptions::bias: [m] (one value per row of D = per column of out), null = none.
+  const void* bias = nullptr;
+  DType bias_dtype = DType::kBF16;
 };
 
 using PlanKey = std::array<int64_t, 22>;
@@ -77,7 +100,11 @@ using PlanKey = std::array<int64_t, 22>;
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, cd = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates;  // cuBLASLt's order; at least one
+  bool bias_epilogue = false;  // CUBLASLT_EPILOGUE_BIAS is set: the GEMM adds the bias
+  bool tuned = false;          // `chosen` was decided (by timing, or for lack of a choice)
+  bool timed = false;          // ... by timing the candidates
+  int chosen = 0;              // the candidate used while autotuning is on
 };
 
 std::mutex g_plan_mutex;
@@ -86,13 +113,16 @@ std::map<PlanKey, Plan>& plan_cache() {
   return *cache;
 }
 
+thread_local GemmCudaLastCall g_last_call;
+
 std::string describe(const LtProblem& p) {
   return fmt::format(
       "cuBLASLt m={} n={} k={} A {} {} ld={} B {} {} ld={} D {} ld={} scale modes {}/{} "
-      "fast_accum={}",
+      "fast_accum={} bias {}",
       p.m, p.n, p.k, dtype_name(p.a.dtype), p.a.k_contiguous ? "T" : "N", p.a.ld,
       dtype_name(p.b.dtype), p.b.k_contiguous ? "N" : "T", p.b.ld, dtype_name(p.d_dtype), p.ldd,
-      p.a.scale_mode, p.b.scale_mode, p.fast_accum ? 1 : 0);
+      p.a.scale_mode, p.b.scale_mode, p.fast_accum ? 1 : 0,
+      p.bias != nullptr ? dtype_name(p.bias_dtype) : "none");
 }
 
 template <typename T>
@@ -100,83 +130,306 @@ void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const
   LOWBIT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
 }
 
+template <typename T>
+void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
+              const T& v) {
+  LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)));
+}
+
+// Whether CUBLASLT_EPILOGUE_BIAS is tried for this bias: cuBLASLt's bias vector has the type of
+// D, except that FP8 kernels take a bf16 bias for bf16 and for f32 outputs (the FP8 type table of
+// cublasLtMatmul; cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE). Where the heuristic still
+// offers no algorithm with the epilogue (e.g. a block-scaled FP8 mode without it), the plan
+// is built without it and gemm_cuda() adds the bias with its own kernel.
+bool bias_epilogue_wanted(const LtProblem& p) {
+  if (p.bias == nullptr) return false;
+  return p.fp8 ? p.bias_dtype == DType::kBF16 : p.bias_dtype == p.d_dtype;
+}
+
+void destroy_plan(Plan& plan) {
+  if (plan.a != nullptr) cublasLtMatrixLayoutDestroy(plan.a);
+  if (plan.b != nullptr) cublasLtMatrixLayoutDestroy(plan.b);
+  if (plan.cd != nullptr) cublasLtMatrixLayoutDestroy(plan.cd);
+  if (plan.desc != nullptr) cublasLtMatmulDescDestroy(plan.desc);
+  plan = Plan();
+}
+
+// Descriptors and up to kMaxCandidates heuristic algorithms, with or without the bias
+// epilogue; returns the heuristic's status (and an empty candidate list when it found none).
+cublasStatus_t make_plan(cublasLtHandle_t lt, const LtProblem& p, bool bias_epilogue, Plan* out) {
+  Plan plan;
+  try {
+    LOWBIT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_a = p.a.k_contiguous ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = p.b.k_contiguous ? CUBLAS_OP_N : CUBLAS_OP_T;
+    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+    const cublasLtPointerMode_t pm =
+        p.device_pointers ? CUBLASLT_POINTER_MODE_DEVICE : CUBLASLT_POINTER_MODE_HOST;
+    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, pm);
+    if (p.fp8) {
+      const int8_t fast = p.fast_accum ? 1 : 0;
+      set_desc(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
+      set_desc(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, p.a.scale_mode);
+      set_desc(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, p.b.scale_mode);
+      // The heuristic sees the real (non-null) scale pointers; they are reset on every call.
+      set_desc(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.a.scale);
+      set_desc(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.b.scale);
+    }
+    if (bias_epilogue) {
+      // Bias per row of D (m = C rows): D = outᵀ, so one value per column of out, added to
+      // every row of out. The heuristic reads the pointer's alignment; reset on every call.
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const int32_t bias_type = lt_type(p.bias_dtype);
+      set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+      set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
+      set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+    }
+    // Layouts (column-major): a K-contiguous operand is [k, rows], a transposed one [rows, k].
+    auto layout = [](const LtOperand& o, int64_t k, cublasLtMatrixLayout_t* l) {
+      const uint64_t r = o.k_contiguous ? k : o.rows, c = o.k_contiguous ? o.rows : k;
+      LOWBIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(l, lt_type(o.dtype), r, c, o.ld));
+    };
+    layout(p.a, p.k, &plan.a);
+    layout(p.b, p.k, &plan.b);
+    // C and D share one layout (C = D = out; beta · out reads it).
+    LOWBIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.cd, lt_type(p.d_dtype), p.m, p.n, p.ldd));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    std::vector<cublasLtMatmulHeuristicResult_t> found(kMaxCandidates);
+    int count = 0;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    try {
+      const uint64_t ws = kLtWorkspaceBytes;
+      set_pref(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
+      // The real pointer alignments (capped at 256), as TE passes them (formats.md §4.3); the
+      // plan key holds them, so a less aligned call gets its own plan.
+      const uint32_t al_a = ptr_alignment(p.a.ptr), al_b = ptr_alignment(p.b.ptr),
+                     al_d = ptr_alignment(p.d);
+      set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a);
+      set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
+      set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
+      set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
+      if (p.d_dtype == DType::kBF16) {
+        // A bf16 out is rounded once: split-K only with partial sums kept in fp32 (no in-place
+        // or output-type reduction, which would round every partial sum to bf16).
+        const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        set_pref(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, schemes);
+      }
+      st = cublasLtMatmulAlgoGetHeuristic(lt, plan.desc, plan.a, plan.b, plan.cd, plan.cd, pref,
+                                          kMaxCandidates, found.data(), &count);
+    } catch (...) {
+      cublasLtMatmulPreferenceDestroy(pref);
+      throw;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      for (int i = 0; i < count; ++i) {
+        if (found[i].state == CUBLAS_STATUS_SUCCESS &&
+            found[i].workspaceSize <= kLtWorkspaceBytes) {
+          plan.candidates.push_back(found[i]);
+        }
+      }
+    }
+    plan.bias_epilogue = bias_epilogue;
+    if (st != CUBLAS_STATUS_SUCCESS || plan.candidates.empty()) {
+      destroy_plan(plan);
+      return st == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : st;
+    }
+  } catch (...) {
+    destroy_plan(plan);
+    throw;
+  }
+  *out = plan;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 Plan build_plan(cublasLtHandle_t lt, const LtProblem& p) {
   Plan plan;
-  LOWBIT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t op_a = p.a.k_contiguous ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = p.b.k_contiguous ? CUBLAS_OP_N : CUBLAS_OP_T;
-  set_desc(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
-  set_desc(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
-  const cublasLtPointerMode_t pm =
-      p.device_pointers ? CUBLASLT_POINTER_MODE_DEVICE : CUBLASLT_POINTER_MODE_HOST;
-  set_desc(plan.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, pm);
-  if (p.fp8) {
-    const int8_t fast = p.fast_accum ? 1 : 0;
-    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
-    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, p.a.scale_mode);
-    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, p.b.scale_mode);
-    // The heuristic sees the real (non-null) scale pointers; they are reset on every call.
-    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.a.scale);
-    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.b.scale);
+  if (bias_epilogue_wanted(p) && make_plan(lt, p, true, &plan) == CUBLAS_STATUS_SUCCESS) {
+    return plan;
   }
-  // Layouts (column-major): a K-contiguous operand is [k, rows], a transposed one [rows, k].
-  auto layout = [](const LtOperand& o, int64_t k, cublasLtMatrixLayout_t* out) {
-    const uint64_t r = o.k_contiguous ? k : o.rows, c = o.k_contiguous ? o.rows : k;
-    LOWBIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(out, lt_type(o.dtype), r, c, o.ld));
-  };
-  layout(p.a, p.k, &plan.a);
-  layout(p.b, p.k, &plan.b);
-  // C and D share one layout (C = D = out; beta · out reads it).
-  LOWBIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.cd, lt_type(p.d_dtype), p.m, p.n, p.ldd));
-
-  cublasLtMatmulPreference_t pref;
-  LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = kLtWorkspaceBytes;
-  LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  const uint32_t al_a = ptr_alignment(p.a.ptr), al_b = ptr_alignment(p.b.ptr),
-                 al_d = ptr_alignment(p.d);
-  LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
-  LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
-  LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
-  LOWBIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
-  cublasLtMatmulHeuristicResult_t h{};
-  int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, plan.desc, plan.a, plan.b, plan.cd,
-                                                           plan.cd, pref, 1, &h, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cublasLtMatrixLayoutDestroy(plan.a);
-    cublasLtMatrixLayoutDestroy(plan.b);
-    cublasLtMatrixLayoutDestroy(plan.cd);
-    cublasLtMatmulDescDestroy(plan.desc);
+  const cublasStatus_t st = make_plan(lt, p, false, &plan);
+  if (st != CUBLAS_STATUS_SUCCESS) {
     throw UserError(fmt::format(
         "gemm: cuBLASLt offers no algorithm for this problem on this GPU ({}; status {}). FP8 "
         "operands need the contracted dimension and leading dimensions padded to a multiple "
         "of 16 and 16-byte aligned data",
         describe(p), static_cast<int>(st)));
   }
-  plan.algo = h.algo;
   return plan;
 }
 
-// Runs D = alpha · op(A)·op(B) + beta · C with C = D through the plan cache.
+// Makes `dev` the calling thread's current device for the guard's lifetime (the timing's events
+// and scratch buffer belong to the context's device).
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int dev) {
+    LOWBIT_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != dev) {
+      LOWBIT_CUDA_CHECK(cudaSetDevice(dev));
+    } else {
+      prev_ = -1;
+    }
+  }
+  ~CurrentDevice() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+// CUDA events, destroyed with the object (also when an exception leaves the timing).
+struct Events {
+  std::vector<cudaEvent_t> ev;
+  void create(size_t n) {
+    ev.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      cudaEvent_t e = nullptr;
+      LOWBIT_CUDA_CHECK(cudaEventCreate(&e));
+      ev.push_back(e);
+    }
+  }
+  ~Events() {
+    for (cudaEvent_t e : ev) cudaEventDestroy(e);
+  }
+};
+
+// Waits for the stream before the scratch output is released (also on an exception).
+struct SyncOnExit {
+  cudaStream_t stream;
+  ~SyncOnExit() { cudaStreamSynchronize(stream); }
+};
+
+// Times every candidate of `plan` on ctx's stream and returns the index of the fastest
+// (cuBLASLt's order breaks near-ties: a later candidate must be kTuneMargin faster), or -1 when
+// the stream is being captured into a CUDA graph (no synchronisation there; decide later).
+//
+// The candidates write a scratch D, allocated here and freed before returning; C is the
+// caller's out (read when beta ≠ 0, never written), the operands, scales, bias, alpha/beta and
+// workspace are the call's own. A candidate whose cublasLtMatmul fails is skipped; if none
+// runs, or no memory is left for the scratch output, the first heuristic choice is kept (0).
+// `timed` tells whether the answer comes from timing. Synchronises the stream.
+int time_candidates(Context& ctx, cublasLtHandle_t lt, const Plan& plan, const LtProblem& p,
+                    bool* timed) {
+  *timed = false;
+  cudaStream_t stream = ctx.stream();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LOWBIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return -1;
+  const CurrentDevice device(ctx.device().index);
+
+  const size_t esz = p.d_dtype == DType::kBF16 ? 2 : 4;
+  const size_t bytes = (size_t(p.ldd) * size_t(p.n - 1) + size_t(p.m)) * esz;
+  Tensor scratch;
+  try {
+    scratch = Tensor::empty(Shape{static_cast<int64_t>(bytes)}, DType::kU8, ctx.device(),
+                            MemCategory::kWorkspace);
+  } catch (const UserError&) {
+    return 0;  // out of device memory: keep the heuristic's first choice
+  }
+  const SyncOnExit sync{stream};  // destroyed before `scratch`
+  auto launch = [&](int i) {
+    return cublasLtMatmul(lt, plan.desc, p.alpha, p.a.ptr, plan.a, p.b.ptr, plan.b, p.beta, p.d,
+                          plan.cd, scratch.data(), plan.cd, &plan.candidates[i].algo, p.workspace,
+                          kLtWorkspaceBytes, stream);
+  };
+  // One call of each candidate (module loading), then one more timed alone to size the bursts.
+  const int n = static_cast<int>(plan.candidates.size());
+  std::vector<char> ok(n, 1);
+  auto run = [&](int i) {
+    if (ok[i] && launch(i) != CUBLAS_STATUS_SUCCESS) {
+      ok[i] = 0;
+      (void)cudaGetLastError();  // a failed launch is this candidate's, not the caller's
+    }
+  };
+  Events first;
+  first.create(2 * size_t(n));
+  for (int i = 0; i < n; ++i) {
+    run(i);
+    LOWBIT_CUDA_CHECK(cudaEventRecord(first.ev[2 * i], stream));
+    run(i);
+    LOWBIT_CUDA_CHECK(cudaEventRecord(first.ev[2 * i + 1], stream));
+  }
+  LOWBIT_CUDA_CHECK(cudaEventSynchronize(first.ev.back()));
+  std::vector<int> live;
+  std::vector<float> est;
+  for (int i = 0; i < n; ++i) {
+    if (!ok[i]) continue;
+    live.push_back(i);
+    float t = 0.0f;
+    LOWBIT_CUDA_CHECK(cudaEventElapsedTime(&t, first.ev[2 * i], first.ev[2 * i + 1]));
+    est.push_back(t);
+  }
+  if (live.size() <= 1) return live.empty() ? 0 : live[0];
+  std::nth_element(est.begin(), est.begin() + est.size() / 2, est.end());
+  const double call_ms = std::max<double>(est[est.size() / 2], 1e-3);
+  const int burst = static_cast<int>(
+      std::clamp<double>(std::ceil(kTuneBurstMs / call_ms), 1.0, double(kTuneMaxBurst)));
+
+  // A short wait lets the host queue ahead of the GPU (≈ 5 µs of host time per call, capped at
+  // 1 ms); one untimed burst of each candidate loads the GPU; then `kTuneRounds` rounds of one
+  // timed burst per candidate.
+  const size_t segments = live.size() * kTuneRounds;
+  gemm_kernels::gpu_spin(std::min<uint64_t>(100'000 + 5'000 * segments * burst, 1'000'000), stream);
+  for (int i : live) {
+    for (int c = 0; c < burst; ++c) run(i);
+  }
+  Events events;
+  events.create(segments + 1);
+  LOWBIT_CUDA_CHECK(cudaEventRecord(events.ev[0], stream));
+  size_t e = 1;
+  for (int r = 0; r < kTuneRounds; ++r) {
+    for (int i : live) {
+      for (int c = 0; c < burst; ++c) run(i);
+      LOWBIT_CUDA_CHECK(cudaEventRecord(events.ev[e++], stream));
+    }
+  }
+  LOWBIT_CUDA_CHECK(cudaEventSynchronize(events.ev.back()));
+
+  int best = -1;
+  float best_ms = 0.0f;
+  for (size_t j = 0; j < live.size(); ++j) {
+    const int i = live[j];
+    if (!ok[i]) continue;
+    std::vector<float> ms(kTuneRounds);
+    for (int r = 0; r < kTuneRounds; ++r) {
+      const size_t start = size_t(r) * live.size() + j;
+      LOWBIT_CUDA_CHECK(cudaEventElapsedTime(&ms[r], events.ev[start], events.ev[start + 1]));
+    }
+    std::nth_element(ms.begin(), ms.begin() + kTuneRounds / 2, ms.end());
+    const float median = ms[kTuneRounds / 2] / burst;
+    if (best < 0 || median < best_ms * (1.0 - kTuneMargin)) {
+      best = i;
+      best_ms = median;
+    }
+  }
+  *timed = best >= 0;
+  return best < 0 ? 0 : best;
+}
+
+// Runs D = alpha · op(A)·op(B) + beta · C (+ bias) with C = D through the plan cache; returns
+// whether the bias was added by the GEMM's epilogue (else the caller adds it).
 //
 // The row-major → column-major mapping, done here once for every backend:
 //   out[r, c] = Σ_j A'[r, j] · B'[c, j]          (r < R, c < C, j < Kc; out row-major, ld)
 //   for (r) for (c) { acc = 0; for (j) acc += A'[r*Kc + j] * B'[c*Kc + j];
-//                     out[r*ld + c] = alpha * acc + beta * out[r*ld + c]; }
+//                     out[r*ld + c] = alpha * acc + beta * out[r*ld + c] + bias[c]; }
 // A row-major [R, C] buffer is the column-major [C, R] matrix D = outᵀ, and
 //   D = B' · A'ᵀ  →  cuBLASLt A = B' (stored column-major [Kc, C], transa = T),
 //                    cuBLASLt B = A' (stored column-major [Kc, R], transb = N),
-//                    m = C, n = R, k = Kc, lda = ldb = Kc, ldd = ld (= C when contiguous).
+//                    m = C, n = R, k = Kc, lda = ldb = Kc, ldd = ld (= C when contiguous);
+//   bias[c] is per row of D: CUBLASLT_EPILOGUE_BIAS's vector of length m.
 // Transposed dense operands flip the op instead of being copied (see LtOperand); the scale of
 // each operand travels with it, so B'’s scale is cuBLASLt's A scale and A'’s is the B scale.
-void run_lt(Context& ctx, const LtProblem& p) {
+// For bf16 operands in their natural layout this gives fprop TN, dgrad NN (dX = dY·W) and
+// wgrad NT (dW = dYᵀ·X): the forms PyTorch hands cuBLAS for the same products.
+bool run_lt(Context& ctx, const LtProblem& p) {
+  const bool bias_wanted = bias_epilogue_wanted(p);
   PlanKey key = {ctx.device().index,
                  static_cast<int64_t>(p.a.dtype),
                  static_cast<int64_t>(p.b.dtype),
@@ -194,25 +447,46 @@ void run_lt(Context& ctx, const LtProblem& p) {
                  p.fp8,
                  p.fast_accum,
                  p.device_pointers,
-                 0,  // epilogue: none (bias is a separate kernel)
+                 bias_wanted ? 1 + static_cast<int64_t>(p.bias_dtype) : 0,  // epilogue
                  ptr_alignment(p.a.ptr),
                  ptr_alignment(p.b.ptr),
                  ptr_alignment(p.d),
-                 0};
+                 bias_wanted ? ptr_alignment(p.bias) : 0};
   auto lt = reinterpret_cast<cublasLtHandle_t>(ctx.cublaslt());
   std::lock_guard<std::mutex> lock(g_plan_mutex);
   auto& cache = plan_cache();
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, build_plan(lt, p)).first;
-  const Plan& plan = it->second;
+  Plan& plan = it->second;
+  // Per-call pointers on the shared descriptor: set and used under the lock.
   if (p.fp8) {
-    // Per-call pointers on the shared descriptor: set and used under the lock.
     set_desc(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.a.scale);
     set_desc(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.b.scale);
   }
+  if (plan.bias_epilogue) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+  const bool autotune = gemm_autotune();
+  if (autotune && !plan.tuned) {
+    bool timed = false;
+    const int best = plan.candidates.size() == 1 ? 0 : time_candidates(ctx, lt, plan, p, &timed);
+    if (best >= 0) {
+      plan.chosen = best;
+      plan.tuned = true;
+      plan.timed = timed;
+    }
+  }
+  const int index = autotune && plan.tuned ? plan.chosen : 0;
+  const cublasLtMatmulAlgo_t& algo = plan.candidates[index].algo;
   LOWBIT_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc, p.alpha, p.a.ptr, plan.a, p.b.ptr, plan.b,
-                                     p.beta, p.d, plan.cd, p.d, plan.cd, &plan.algo, p.workspace,
+                                     p.beta, p.d, plan.cd, p.d, plan.cd, &algo, p.workspace,
                                      kLtWorkspaceBytes, ctx.stream()));
+  GemmCudaLastCall& last = g_last_call;
+  last.valid = true;
+  last.candidates = static_cast<int>(plan.candidates.size());
+  last.algo_index = index;
+  last.autotuned = autotune && plan.timed;
+  last.bias_epilogue = plan.bias_epilogue;
+  std::memcpy(last.algo, &algo, sizeof(last.algo));
+  return plan.bias_epilogue;
 }
 
 const Tensor& copy_data(const CanonOperand& o) {
@@ -336,9 +610,17 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
   LOWBIT_USER_CHECK(opt.beta == 0.0f || out.dtype == DType::kF32,
                     "gemm: beta = {} needs an f32 output (got {}); accumulate into an f32 buffer",
                     opt.beta, out.str());
+  if (opt.bias != nullptr) {
+    const TensorView& b = *opt.bias;
+    LOWBIT_CHECK(b.dtype == DType::kBF16 || b.dtype == DType::kF32,
+                 "gemm_cuda: bias must be bf16 or f32, got {}", b.str());
+    LOWBIT_CHECK(b.numel() == g.C && b.is_contiguous(), "gemm_cuda: bias {} is not [{}]", b.str(),
+                 g.C);
+  }
   if (g.R == 0 || g.C == 0) return;
   const int64_t ldd = g.R == 1 ? std::max<int64_t>(g.C, 1) : out.strides[0];
   cudaStream_t stream = ctx.stream();
+  bool bias_done = false;  // added by cuBLASLt's epilogue
 
   if (g.Kc == 0) {
     // No products: out = beta · out (+ bias); only beta ∈ {0, 1} is meaningful here.
@@ -371,6 +653,10 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
     auto* scalars = reinterpret_cast<float*>(ws + kLtWorkspaceBytes + buf_a + buf_b);
     p.alpha = &opt.alpha;
     p.beta = &opt.beta;
+    if (opt.bias != nullptr) {
+      p.bias = opt.bias->data;
+      p.bias_dtype = opt.bias->dtype;
+    }
 
     switch (g.backend) {
       case GemmBackend::kCublasLtBf16:
@@ -425,18 +711,16 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
                        fmt::format("gemm_cuda: backend {} is not a CUDA backend",
                                    gemm_backend_name(g.backend)));
     }
-    run_lt(ctx, p);
+    bias_done = run_lt(ctx, p);
   }
 
-  if (opt.bias != nullptr) {
+  if (opt.bias != nullptr && !bias_done) {
     const TensorView& b = *opt.bias;
-    LOWBIT_CHECK(b.dtype == DType::kBF16 || b.dtype == DType::kF32,
-                 "gemm_cuda: bias must be bf16 or f32, got {}", b.str());
-    LOWBIT_CHECK(b.numel() == g.C && b.is_contiguous(), "gemm_cuda: bias {} is not [{}]", b.str(),
-                 g.C);
     gemm_kernels::add_bias(out.data, out.dtype == DType::kBF16, g.R, g.C, ldd, b.data,
                            b.dtype == DType::kBF16, stream);
   }
 }
+
+GemmCudaLastCall gemm_cuda_last_call() { return g_last_call; }
 
 }  // namespace lowbit

@@ -38,4 +38,8 @@ void nvfp4_alpha(float alpha, float beta, const float* amax_a, const float* amax
 void add_bias(void* out, bool out_bf16, int64_t rows, int64_t cols, int64_t ld_out,
               const void* bias, bool bias_bf16, cudaStream_t stream);
 
+// One thread that waits `ns` nanoseconds of GPU time: queued before timed calls, it lets the
+// host enqueue them all before the first one starts, so that their events measure the GPU.
+void gpu_spin(uint64_t ns, cudaStream_t stream);
+
 }  // namespace lowbit::gemm_kernels

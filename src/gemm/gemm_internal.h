@@ -44,6 +44,22 @@ CanonGemm canonicalize_operands(const GemmOperand& a, const GemmOperand& b, cons
 // CUDA backends (src/gemm/*.cu, gemm_cublaslt.cpp): runs `g` into `out` on ctx's stream.
 void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const GemmOptions& opt);
 
+// What the last cuBLASLt GEMM of gemm_cuda() on the calling thread ran (the benchmark reports
+// it and hands the algorithm to its raw cuBLASLt twin; the tests check the bias path with it).
+struct GemmCudaLastCall {
+  bool valid = false;          // a cuBLASLt GEMM ran on this thread
+  int candidates = 0;          // heuristic algorithms of the plan (in cuBLASLt's order)
+  int algo_index = 0;          // which one ran: 0 = cuBLASLt's first choice
+  bool autotuned = false;      // chosen by timing (false: the first choice, untimed)
+  bool bias_epilogue = false;  // the bias was added in cuBLASLt's epilogue (one rounding)
+  uint64_t algo[8] = {};       // the cublasLtMatmulAlgo_t that ran
+};
+GemmCudaLastCall gemm_cuda_last_call();
+
+// The autotuning default that an LOWBIT_GEMM_AUTOTUNE value gives: false for "0", "off",
+// "false" and "no" (any case), true otherwise (unset included).
+bool gemm_autotune_from_env(const char* value);
+
 // CPU backend: f32 sgemm over the dequantized operands.
 void gemm_cpu(const CanonGemm& g, const TensorView& out, const GemmOptions& opt);
 

@@ -362,6 +362,23 @@ TEST(GemmPolicy, NamesAndCpuBackend) {
   EXPECT_EQ(gemm_backend_name(GemmBackend::kCublasLtBlockScaled), "cublaslt_block_scaled");
 }
 
+// LOWBIT_GEMM_AUTOTUNE: "0", "off", "false", "no" (any case) turn algorithm selection by
+// timing off; anything else, or no variable, leaves it on. The setter overrides it.
+TEST(GemmPolicy, AutotuneSetting) {
+  EXPECT_TRUE(gemm_autotune_from_env(nullptr));
+  EXPECT_TRUE(gemm_autotune_from_env(""));
+  EXPECT_TRUE(gemm_autotune_from_env("1"));
+  EXPECT_TRUE(gemm_autotune_from_env("on"));
+  for (const char* v : {"0", "off", "OFF", "false", "False", "no"}) {
+    EXPECT_FALSE(gemm_autotune_from_env(v)) << v;
+  }
+  const bool before = gemm_autotune();
+  set_gemm_autotune(!before);
+  EXPECT_EQ(gemm_autotune(), !before);
+  set_gemm_autotune(before);
+  EXPECT_EQ(gemm_autotune(), before);
+}
+
 TEST(GemmPolicy, FastAccumulationFollowsTe) {
   Context ctx(Device::cpu());
   const int64_t m = 32, n = 32, k = 32;

@@ -1,14 +1,21 @@
 // gemm() on the GPU against the float64 reference over the same (dequantized) operands, for
 // every CUDA backend (BF16, per-tensor FP8, FP8 block scaling, the emulated MX / NVFP4 path)
 // and every role (fprop, dgrad, wgrad), plus the CPU gemm(), the HYBRID FP8 pairings, NaN / inf
-// propagation and the configurations that must be rejected.
+// propagation, the bias epilogue, algorithm selection (autotuned and not) and the
+// configurations that must be rejected.
 //
 // Error model (per output element, ref = the float64 result, S = Σ_j |a_j|·|b_j| of the
 // dequantized operands, bounded from above by ‖a_r‖₂·‖b_c‖₂ so that it costs O((R+C)·K)):
-//   |gpu − ref| ≤ out_eps·(|ref| + |bias|) + |alpha|·acc_eps·S + 2^-22·|beta·out_before|
-//   * out_eps: 2^-7 for a bf16 output: RN to bf16 (8 significant bits) is ≤ 2^-8 relative, and
-//     with a bias the value is rounded twice (GEMM output, then the bias add: ≤ 2^-8·|ref − bias|
-//     + 2^-8·|ref| ≤ 2^-7·(|ref| + |bias|)); 2^-22 for f32 (two fp32 roundings and slack).
+//   |gpu − ref| ≤ out_eps·(|ref| + [bias added separately]·|bias|)
+//                 + (1 + out_eps)·(|alpha|·acc_eps·S + 2^-22·(|beta·out_before| + |bias|))
+//   * The fp32 value v = alpha·acc + beta·out + bias (a few fp32 roundings: the 2^-22 terms; the
+//     alpha·acc part is in acc_eps) is rounded once to out's type when there is no bias or
+//     cuBLASLt's epilogue adds it: |out − v| ≤ out_eps·|v| ≤ out_eps·(|ref| + |v − ref|), hence
+//     the (1 + out_eps) factor. out_eps = 2^-8 for bf16 (RN to 8 significant bits; a bf16 out
+//     is never reduced in bf16: split-K keeps its partial sums in fp32), 2^-22 for f32 (slack).
+//   * When the bias is added by the separate kernel, a bf16 value is rounded twice (the GEMM's
+//     output g ≈ v − bias, then RN(g + bias)): ≤ 2^-8·|ref − bias| + 2^-8·|ref| + … ≤
+//     2^-7·(|ref| + |bias|), so out_eps = 2^-7 on |ref| + |bias| there.
 //   * acc_eps, BF16 tensor cores and the emulated MX / NVFP4 path (bf16 products are exact in
 //     fp32): K·2^-23, the worst case of K fp32 additions in any order with round-to-nearest or
 //     truncation, + 2^-20 for the NVFP4 alpha fold (RN(RN(RN(α·A_a)·A_b)·RN(1/(36·448²))) vs the
@@ -26,6 +33,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -235,11 +243,15 @@ Roles role_operands(GemmRole role, const Operand& x, const Operand& w, const Ope
 
 struct Tolerance {
   double out_eps, acc_eps;
+  bool bias_separate = false;  // the bias was added after the GEMM (two roundings)
 };
 
-Tolerance tolerance(GemmBackend backend, bool fast_accum, DType out, int64_t Kc) {
+// `bias_separate`: a bias that the separate kernel added after the GEMM's own rounding.
+Tolerance tolerance(GemmBackend backend, bool fast_accum, DType out, int64_t Kc,
+                    bool bias_separate) {
   Tolerance t;
-  t.out_eps = out == DType::kBF16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -22);
+  t.bias_separate = bias_separate;
+  t.out_eps = out == DType::kBF16 ? std::ldexp(1.0, bias_separate ? -7 : -8) : std::ldexp(1.0, -22);
   const double fp32_sum = double(Kc) * std::ldexp(1.0, -23);
   if (is_fp8(backend)) {
     t.acc_eps = (fast_accum ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11)) + fp32_sum;
@@ -273,10 +285,12 @@ std::string compare(const std::vector<double>& ref, const std::vector<float>& go
         ok = have == want;
       } else {
         const double s = na[r] * nb[c];
-        tl = tol.out_eps * (std::fabs(want) + (bias ? std::fabs((*bias)[c]) : 0.0)) +
-             std::fabs(double(opt.alpha)) * tol.acc_eps * s +
-             (out_before ? std::ldexp(1.0, -22) * std::fabs(opt.beta * (*out_before)[r * C + c])
-                         : 0.0);
+        const double b = bias ? std::fabs((*bias)[c]) : 0.0;
+        const double before =
+            out_before ? std::fabs(double(opt.beta) * (*out_before)[r * C + c]) : 0.0;
+        tl = tol.out_eps * (std::fabs(want) + (tol.bias_separate ? b : 0.0)) +
+             (1.0 + tol.out_eps) * (std::fabs(double(opt.alpha)) * tol.acc_eps * s +
+                                    std::ldexp(1.0, -22) * (before + b));
         tl *= slack;
         if (!std::isfinite(s)) {
           ok = std::isfinite(have);  // an inf operand met zeros only: no bound to apply
@@ -309,9 +323,16 @@ struct RunSpec {
   DType out = DType::kBF16;
   float alpha = 1.0f, beta = 0.0f;
   bool bias = false;
+  // The bias dtype; unset: bf16 with a bf16 out, f32 with an f32 out.
+  std::optional<DType> bias_dtype;
   Fp8Accumulation acc = Fp8Accumulation::kDefault;
   bool against_cpu_gemm = false;
+  // Whether cuBLASLt's epilogue must have added the bias (unset: either way).
+  std::optional<bool> expect_bias_epilogue;
 };
+
+// What the last check_role() saw of the CUDA backend (which algorithm, where the bias went).
+GemmCudaLastCall g_checked_call;
 
 // Runs one role of one recipe on the GPU and checks it against the float64 reference (and,
 // when asked, the CPU gemm()).
@@ -319,9 +340,10 @@ void check_role(Context& ctx, const Recipe& rc, const Operand& x, const Operand&
                 const Operand& dy, int64_t M, int64_t N, int64_t K, GemmRole role,
                 const RunSpec& spec, const std::string& what) {
   const Roles ro = role_operands(role, x, w, dy, M, N, K);
+  const DType bias_dtype = spec.bias_dtype.value_or(spec.out);
   SCOPED_TRACE(fmt::format("{} {} M={} N={} K={} {} out={} alpha={} beta={} bias={}", rc.name,
                            gemm_role_name(role), M, N, K, what, dtype_name(spec.out), spec.alpha,
-                           spec.beta, spec.bias));
+                           spec.beta, spec.bias ? dtype_name(bias_dtype) : "none"));
   GemmOptions opt;
   opt.role = role;
   opt.alpha = spec.alpha;
@@ -340,7 +362,7 @@ void check_role(Context& ctx, const Recipe& rc, const Operand& x, const Operand&
     const Tensor src = make_source(1, ro.C, Fill::kNormal, 99 + ro.C);
     bias_cpu = Tensor::empty({ro.C}, DType::kBF16, Device::cpu());
     std::memcpy(bias_cpu.data(), src.data(), size_t(ro.C) * 2);
-    if (spec.out == DType::kF32) {  // f32 bias with f32 out, bf16 bias with bf16 out
+    if (bias_dtype == DType::kF32) {  // 2× a bf16 value: exact in f32
       Tensor f = Tensor::empty({ro.C}, DType::kF32, Device::cpu());
       for (int64_t i = 0; i < ro.C; ++i) {
         f.ptr<float>()[i] = 2.0f * bf16_to_f32(bias_cpu.ptr<const uint16_t>()[i]);
@@ -373,9 +395,18 @@ void check_role(Context& ctx, const Recipe& rc, const Operand& x, const Operand&
     cpu_opt.bias = &bias_cpu.view();
   }
   gemm(ctx, ro.a->gpu(), ro.b->gpu(), out_gpu.view(), gpu_opt);
+  g_checked_call = gemm_cuda_last_call();
   ctx.synchronize();
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
   const std::vector<float> got = to_host_f32(out_gpu.view());
+  ASSERT_TRUE(g_checked_call.valid);
+  ASSERT_GE(g_checked_call.candidates, 1);
+  EXPECT_LT(g_checked_call.algo_index, g_checked_call.candidates);
+  const bool bias_separate = spec.bias && !g_checked_call.bias_epilogue;
+  if (spec.bias && spec.expect_bias_epilogue) {
+    EXPECT_EQ(g_checked_call.bias_epilogue, *spec.expect_bias_epilogue)
+        << "bias added by " << (g_checked_call.bias_epilogue ? "the epilogue" : "the kernel");
+  }
 
   const std::vector<double> ref = gemm_reference_f64(
       ro.a->cpu(), ro.b->cpu(), cpu_opt, spec.beta != 0.0f ? &before_cpu.view() : nullptr);
@@ -386,7 +417,7 @@ void check_role(Context& ctx, const Recipe& rc, const Operand& x, const Operand&
   const bool fast = rc.backend == GemmBackend::kCublasLtFp8 &&
                     (spec.acc == Fp8Accumulation::kFast ||
                      (spec.acc == Fp8Accumulation::kDefault && role == GemmRole::kFprop));
-  const Tolerance tol = tolerance(rc.backend, fast, spec.out, ro.Kc);
+  const Tolerance tol = tolerance(rc.backend, fast, spec.out, ro.Kc, bias_separate);
   const std::vector<float>* before_p = spec.beta != 0.0f ? &before_host : nullptr;
   const std::vector<float>* bias_p = spec.bias ? &bias_host : nullptr;
   const std::string err = compare(ref, got, ro.R, ro.C, na, nb, tol, opt, before_p, bias_p);
@@ -425,6 +456,29 @@ constexpr GemmRole kRoles[] = {GemmRole::kFprop, GemmRole::kDgrad, GemmRole::kWg
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
+}
+
+// Sets gemm()'s algorithm selection for a scope, then restores the previous setting.
+class AutotuneScope {
+ public:
+  explicit AutotuneScope(bool on) : prev_(gemm_autotune()) { set_gemm_autotune(on); }
+  ~AutotuneScope() { set_gemm_autotune(prev_); }
+  AutotuneScope(const AutotuneScope&) = delete;
+  AutotuneScope& operator=(const AutotuneScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// One role into a fresh f32 out (beta = 0); the host values and what the backend ran.
+std::vector<float> run_f32(Context& ctx, const Roles& ro, GemmCudaLastCall* call) {
+  Tensor out = Tensor::empty({ro.R, ro.C}, DType::kF32, Device::cuda(0));
+  GemmOptions opt;
+  opt.role = ro.role;
+  gemm(ctx, ro.a->gpu(), ro.b->gpu(), out.view(), opt);
+  *call = gemm_cuda_last_call();
+  ctx.synchronize();
+  return to_host_f32(out.view());
 }
 
 class GpuGemm : public ::testing::Test {
@@ -675,6 +729,192 @@ TEST_F(GpuGemm, RepeatedCallsAreBitIdentical) {
           << rc.name << " " << gemm_role_name(role);
     }
   }
+}
+
+// GemmOptions::bias in every role, backend and (out, bias) dtype pair, with alpha and beta,
+// against the float64 reference. Where cuBLASLt's epilogue adds the bias the value is rounded
+// once and checked with the single-rounding bound; the separate kernel gets the two-rounding
+// one. The epilogue is required where cuBLASLt documents the pair (the bias in out's dtype with
+// bf16 operands, bf16 bias and out with FP8 operands) and must not be tried where it does not
+// take the bias dtype; elsewhere (FP8 with an f32 out, the block-scaled modes) either path is
+// right and the test prints which one ran. A single-row out (R = 1) is included.
+TEST_F(GpuGemm, BiasEveryBackendRoleAndDtype) {
+  Context ctx(Device::cuda(0));
+  struct Case {
+    DType out, bias;
+    float beta;
+  };
+  const Case cases[] = {{DType::kBF16, DType::kBF16, 0.0f}, {DType::kBF16, DType::kF32, 0.0f},
+                        {DType::kF32, DType::kF32, 0.0f},   {DType::kF32, DType::kBF16, 0.0f},
+                        {DType::kF32, DType::kF32, 0.5f},   {DType::kF32, DType::kBF16, 0.5f}};
+  struct Shape3 {
+    int64_t m, n, k;
+  };
+  for (const Recipe& rc : recipes()) {
+    for (const Shape3& sh : {Shape3{128, 256, 384}, Shape3{1, 256, 384}}) {
+      const bool one_row = sh.m == 1;
+      // R = 1 (one token) with bf16 and per-tensor FP8 operands; the block recipes quantize
+      // blocks along M, and FP8 wgrad contracts over M (a multiple of 16).
+      if (one_row && rc.backend != GemmBackend::kCublasLtBf16 &&
+          rc.backend != GemmBackend::kCublasLtFp8) {
+        continue;
+      }
+      const Problem p = make_problem(ctx, rc, sh.m, sh.n, sh.k, Fill::kNormal, 321 + sh.m);
+      std::string fused;
+      for (GemmRole role : kRoles) {
+        if (one_row && rc.align > 1 && role == GemmRole::kWgrad) continue;
+        for (const Case& c : cases) {
+          RunSpec s;
+          s.out = c.out;
+          s.alpha = 0.75f;
+          s.beta = c.beta;
+          s.bias = true;
+          s.bias_dtype = c.bias;
+          s.against_cpu_gemm = true;
+          const bool fp8 = is_fp8(rc.backend);
+          if (!fp8 && c.bias != c.out) s.expect_bias_epilogue = false;
+          if (fp8 && c.bias == DType::kF32) s.expect_bias_epilogue = false;
+          if (!fp8 && c.bias == c.out) s.expect_bias_epilogue = true;
+          if (rc.backend == GemmBackend::kCublasLtFp8 && c.bias == DType::kBF16 &&
+              c.out == DType::kBF16) {
+            s.expect_bias_epilogue = true;
+          }
+          check_role(ctx, rc, p.x, p.w, p.dy, sh.m, sh.n, sh.k, role, s, "bias");
+          if (c.beta == 0.0f) {
+            fused += fmt::format(" {}:{}+{}={}", gemm_role_name(role), dtype_name(c.out),
+                                 dtype_name(c.bias),
+                                 g_checked_call.bias_epilogue ? "epilogue" : "kernel");
+          }
+        }
+      }
+      std::printf("bias %-18s M=%-4lld%s\n", rc.name.c_str(), static_cast<long long>(sh.m),
+                  fused.c_str());
+    }
+  }
+}
+
+// With autotuning on, the first call of a shape times the candidates into a scratch output,
+// never into `out`: a first call with beta ≠ 0 must still read out's previous values. The
+// result stays within the error bound, and later calls rerun the chosen algorithm bit for bit.
+TEST_F(GpuGemm, AutotunedPlansMatchReferenceAndRepeatBitIdentically) {
+  const AutotuneScope on(true);
+  Context ctx(Device::cuda(0));
+  const int64_t M = 384, N = 640, K = 512;  // no other test uses these: the plans start here
+  for (const Recipe& rc : recipes()) {
+    const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 2024);
+    for (GemmRole role : kRoles) {
+      RunSpec first;
+      first.out = DType::kF32;
+      first.alpha = 1.5f;
+      first.beta = 0.75f;
+      check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, first, "first call, beta");
+      const GemmCudaLastCall tuned = g_checked_call;
+      EXPECT_EQ(tuned.autotuned, tuned.candidates > 1) << rc.name << " " << gemm_role_name(role);
+      RunSpec bf16;
+      bf16.bias = true;
+      check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, bf16, "bf16 out, bias");
+
+      const Roles ro = role_operands(role, p.x, p.w, p.dy, M, N, K);
+      GemmCudaLastCall c1, c2;
+      const std::vector<float> a = run_f32(ctx, ro, &c1);
+      const std::vector<float> b = run_f32(ctx, ro, &c2);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << rc.name << " " << gemm_role_name(role);
+      EXPECT_EQ(c1.algo_index, tuned.algo_index) << "the f32 plan changed its algorithm";
+      EXPECT_EQ(c2.algo_index, tuned.algo_index);
+      std::printf("autotune %-18s %s: algo #%d of %d\n", rc.name.c_str(),
+                  gemm_role_name(role).data(), tuned.algo_index + 1, tuned.candidates);
+    }
+  }
+}
+
+// With autotuning off, gemm() runs cuBLASLt's first heuristic choice, untimed, and is correct;
+// turning it on times the plan, and off again returns to the first choice's exact bits.
+TEST_F(GpuGemm, AutotuneOffRunsTheFirstHeuristicChoice) {
+  Context ctx(Device::cuda(0));
+  const int64_t M = 640, N = 384, K = 768;  // no other test uses these
+  for (const Recipe& rc : recipes()) {
+    const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 77);
+    for (GemmRole role : kRoles) {
+      SCOPED_TRACE(fmt::format("{} {}", rc.name, gemm_role_name(role)));
+      const Roles ro = role_operands(role, p.x, p.w, p.dy, M, N, K);
+      std::vector<float> off_bits;
+      {
+        const AutotuneScope off(false);
+        RunSpec s;
+        s.out = DType::kF32;
+        check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, s, "autotune off");
+        EXPECT_EQ(g_checked_call.algo_index, 0);
+        EXPECT_FALSE(g_checked_call.autotuned);
+        GemmCudaLastCall c;
+        off_bits = run_f32(ctx, ro, &c);
+      }
+      {
+        const AutotuneScope on(true);
+        RunSpec s;
+        s.out = DType::kF32;
+        check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, s, "autotune on");
+        EXPECT_EQ(g_checked_call.autotuned, g_checked_call.candidates > 1);
+      }
+      const AutotuneScope off(false);
+      GemmCudaLastCall c;
+      const std::vector<float> again = run_f32(ctx, ro, &c);
+      EXPECT_EQ(c.algo_index, 0);
+      EXPECT_EQ(std::memcmp(off_bits.data(), again.data(), again.size() * sizeof(float)), 0);
+    }
+  }
+}
+
+// Inside a CUDA graph capture nothing may synchronise: the captured GEMM runs the first
+// heuristic choice untimed, the graph replays it correctly, and the first call outside the
+// capture times the candidates.
+TEST_F(GpuGemm, AutotuneWaitsForTheEndOfAGraphCapture) {
+  const AutotuneScope on(true);
+  Context ctx(Device::cuda(0));
+  const int64_t M = 512, N = 704, K = 320;  // no other test uses these
+  const Recipe rc = recipes()[0];
+  ASSERT_EQ(rc.name, "bf16");
+  const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 88);
+  const Roles ro = role_operands(GemmRole::kFprop, p.x, p.w, p.dy, M, N, K);
+  // The context's workspace grows outside the capture (a call of another shape).
+  GemmCudaLastCall warm;
+  run_f32(ctx, role_operands(GemmRole::kDgrad, p.x, p.w, p.dy, M, N, K), &warm);
+
+  Tensor out = Tensor::empty({ro.R, ro.C}, DType::kF32, Device::cuda(0));
+  fill_bytes(out.view(), 0xFF);
+  cudaStream_t stream = ctx.stream();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  GemmCudaLastCall captured;
+  try {
+    gemm(ctx, ro.a->gpu(), ro.b->gpu(), out.view(), GemmOptions{});
+    captured = gemm_cuda_last_call();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "gemm() inside a capture threw: " << e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_TRUE(captured.valid);
+  EXPECT_EQ(captured.algo_index, 0);
+  EXPECT_FALSE(captured.autotuned);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ctx.synchronize();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+
+  const std::vector<float> got = to_host_f32(out.view());
+  GemmOptions opt;
+  const std::vector<double> ref = gemm_reference_f64(ro.a->cpu(), ro.b->cpu(), opt);
+  const Tolerance tol = tolerance(rc.backend, false, DType::kF32, K, false);
+  const std::string err = compare(ref, got, ro.R, ro.C, ro.a->canon_norms(ro.ua),
+                                  ro.b->canon_norms(ro.ub), tol, opt, nullptr, nullptr);
+  EXPECT_TRUE(err.empty()) << "replayed graph vs float64 reference: " << err;
+
+  RunSpec s;
+  s.out = DType::kF32;
+  check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, GemmRole::kFprop, s, "after the capture");
+  EXPECT_EQ(g_checked_call.autotuned, g_checked_call.candidates > 1);
 }
 
 }  // namespace

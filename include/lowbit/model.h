@@ -1,0 +1,202 @@
+// lowbit model layer: LLaMA-family configuration, the parameter arena, the precision plan and
+// the explicit forward / backward call sequence of the decoder.
+//
+// Shapes: B batch, T sequence, N = B·T tokens, D model width, H / Hkv query / key-value heads,
+// Dh head dim, F MLP hidden width, V vocabulary, L layers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lowbit/core.h"
+#include "lowbit/ops.h"
+#include "lowbit/quant.h"
+#include "lowbit/recipe.h"
+
+namespace lowbit {
+
+// ---- configuration -------------------------------------------------------------------------
+struct ModelConfig {
+  std::string preset = "custom";
+  int64_t vocab_size = 0;  // 0: taken from the tokenizer when training starts
+  int d_model = 0;
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;  // grouped-query attention: n_heads must be a multiple
+  int ffn_hidden = 0;  // F of the SwiGLU MLP
+  int max_seq_len = 0;
+  float norm_eps = 1e-5f;
+  RopeConfig rope;
+  bool tie_embeddings = true;
+
+  int head_dim() const { return n_heads > 0 ? d_model / n_heads : 0; }
+  // Every parameter, the tied head counted once.
+  int64_t num_params() const;
+  // Parameters outside the embedding table (and the untied head): the "N" of 6·N FLOPs/token.
+  int64_t num_matmul_params() const;
+  // Training FLOPs per token (forward + backward): 6·(matmul params, head included) plus causal
+  // attention 6·L·T·H·Dh (QKᵀ and PV, halved by the mask, ×3 for the backward).
+  double train_flops_per_token(int seq_len) const;
+  // Throws UserError naming the first field out of range (dims, divisibility, head dim).
+  void validate() const;
+  // Our JSON form (also read back by model_config_from_json).
+  std::string to_json() const;
+};
+
+// "tiny" (CPU and CI), "124m", "350m", "1b", "8b", "70b". Unknown names throw UserError listing
+// the presets.
+ModelConfig model_preset(std::string_view name);
+std::vector<std::string> model_preset_names();
+// Reads a config file: our JSON (keys as in to_json, any subset overriding `base`) or a Hugging
+// Face `config.json` (hidden_size, num_hidden_layers, num_attention_heads,
+// num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings, rms_norm_eps,
+// rope_theta, rope_scaling {rope_type llama3}, tie_word_embeddings).
+ModelConfig model_config_from_json(const std::string& json_text, const ModelConfig& base,
+                                   const std::string& source_name);
+ModelConfig model_config_from_file(const std::string& path, const ModelConfig& base);
+
+// ---- precision plan ----------------------------------------------------------------------------
+// The linear layers of one block, in arena order.
+enum class LinearKind : uint8_t { kQKV, kProj, kGateUp, kDown };
+inline constexpr int kLinearsPerBlock = 4;
+std::string_view linear_kind_name(LinearKind k);  // "qkv", "proj", "gate_up", "down"
+
+// How one linear layer runs: its recipe and, for quantized recipes, the quantization of each
+// operand (X input activation, W weight, dY output gradient). The three GEMM roles follow:
+// fprop X·Wᵀ, dgrad dY·W, wgrad dYᵀ·X.
+struct LinearPrecision {
+  Recipe recipe = Recipe::kBF16;
+  QuantConfig x, w, dy;  // unused for bf16; `delayed` pointers are bound by the model
+};
+
+struct PrecisionOverrides {
+  std::vector<int> bf16_layers;  // blocks kept in BF16 whatever the recipe
+  // NVFP4 keeps the last ceil(fraction · L) blocks in BF16 unless set (< 0: the default 0.15).
+  double nvfp4_bf16_tail_fraction = -1.0;
+  bool quantize_head = false;  // the LM head in the recipe too (default BF16)
+  Fp8Format fp8_format = Fp8Format::kHybrid;
+  int64_t amax_history_len = 1024;
+  AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::kMax;
+  int fp8_margin = 0;
+};
+
+struct PrecisionPlan {
+  Recipe recipe = Recipe::kBF16;
+  PrecisionOverrides overrides;
+  std::vector<LinearPrecision> linears;  // [L · kLinearsPerBlock], block-major
+  LinearPrecision head;                  // the LM head (bf16 unless quantize_head)
+
+  const LinearPrecision& at(int layer, LinearKind k) const {
+    return linears[static_cast<size_t>(layer) * kLinearsPerBlock + static_cast<int>(k)];
+  }
+  // One line per block: "block 3: qkv fp8 (x e4m3 delayed, w e4m3 delayed, dy e5m2 delayed) …".
+  std::string describe() const;
+  std::string to_json() const;  // stored in checkpoints
+};
+
+PrecisionPlan resolve_precision(Recipe recipe, const ModelConfig& cfg,
+                                const PrecisionOverrides& ov = {});
+
+// ---- parameters -------------------------------------------------------------------------
+// Every parameter tensor of the model is a segment of one arena: FP32 master weights, FP32
+// gradients, AdamW moments, and the BF16 compute copy, all [P] and indexed alike.
+struct ParamInfo {
+  std::string name;  // Hugging Face LLaMA name, e.g. "model.layers.3.self_attn.q_proj.weight"
+  Shape shape;
+  int64_t offset = 0;  // in elements
+  bool weight_decay = true;
+};
+
+class ParamArena {
+ public:
+  ParamArena(const ModelConfig& cfg, Device dev);
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const std::vector<ParamSegment>& segments() const { return segments_; }
+  int64_t size() const { return size_; }  // P
+  int find(std::string_view name) const;  // index into params(), -1 if absent
+
+  // Views of parameter `i` (its shape) in each buffer.
+  TensorView master(int i) const;   // f32
+  TensorView grad(int i) const;     // f32
+  TensorView compute(int i) const;  // bf16
+  // A contiguous range of rows spanning params [first, last] (e.g. q, k, v as one [(H+2Hkv)·Dh,
+  // D] weight): the params must be consecutive and share their trailing dims.
+  TensorView compute_fused(int first, int last) const;
+  TensorView grad_fused(int first, int last) const;
+  TensorView master_fused(int first, int last) const;
+
+  Tensor master_all, grad_all, m_all, v_all;  // [P] f32
+  Tensor compute_all;                         // [P] bf16
+
+ private:
+  std::vector<ParamInfo> params_;
+  std::vector<ParamSegment> segments_;
+  int64_t size_ = 0;
+};
+
+// ---- the model ---------------------------------------------------------------------------
+struct ForwardOptions {
+  bool training = true;                   // keep what the backward needs
+  bool activation_checkpointing = false;  // keep only each block's input; recompute in backward
+  int loss_chunk_rows = 4096;             // rows of logits materialised at once (bf16)
+};
+
+// Per-step counters gathered on the device (no host synchronisation until read).
+struct StepStats {
+  double loss_sum = 0;  // Σ per-token loss over the valid tokens
+  int64_t valid_tokens = 0;
+};
+
+class LlamaModel {
+ public:
+  // activation_dtype: bf16 (training), or f32 on the CPU — activations and weights in f32, the
+  // reference against which gradients are checked by finite differences (bf16 recipe only).
+  LlamaModel(const ModelConfig& cfg, const PrecisionPlan& plan, Context& ctx,
+             DType activation_dtype = DType::kBF16);
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const PrecisionPlan& plan() const { return plan_; }
+  ParamArena& params() { return *arena_; }
+  const ParamArena& params() const { return *arena_; }
+  // Delayed-scaling states (recipe fp8), else null: forward slots (x, w per linear) and
+  // backward slots (dy per linear).
+  DelayedScalingState* fp8_forward_state() const;
+  DelayedScalingState* fp8_backward_state() const;
+
+  // Normal(0, 0.02) for matrices (output projections scaled by 1/sqrt(2L)), ones for norms;
+  // deterministic in `seed` (Philox keyed by parameter offset), on the host then copied.
+  void init_weights(uint64_t seed);
+  // compute copy = RN_bf16(master) for every parameter (after init or load).
+  void sync_compute_weights();
+  // Quantizes every linear weight of the plan from the compute copy (once per optimizer step,
+  // after the update; the micro-batches of a step share it).
+  void quantize_weights();
+
+  // Forward and, when grad_scale > 0, backward of one micro-batch: tokens, targets [B, T] i32
+  // (host or device; targets may hold ignore_index = -1). Returns the loss sum and valid count
+  // (read back from the device: one synchronisation). Gradients accumulate (+=) into
+  // params().grad_all, each token's loss gradient scaled by grad_scale.
+  StepStats forward_backward(const TensorView& tokens, const TensorView& targets, int batch,
+                             int seq_len, float grad_scale, const ForwardOptions& opt = {});
+  // Forward only: the loss (eval).
+  StepStats forward_loss(const TensorView& tokens, const TensorView& targets, int batch,
+                         int seq_len);
+  // Logits of the last position of each sequence: [B, V] f32 on the host (generation).
+  std::vector<float> last_logits(const TensorView& tokens, int batch, int seq_len);
+
+ private:
+  struct Impl;
+  ModelConfig cfg_;
+  PrecisionPlan plan_;
+  Context& ctx_;
+  std::unique_ptr<ParamArena> arena_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lowbit

@@ -1,0 +1,512 @@
+// The LLaMA decoder: explicit forward and backward call sequences per block (no autograd).
+//
+// Block l (x [N, D] bf16 is the residual stream):
+//   ln1 = rmsnorm(x)                       rstd1 [N]
+//   qkv = ln1 · Wqkvᵀ                      [N, (H + 2·Hkv)·Dh], q and k rotated in place
+//   att = attention(q, k, v)               [N, H·Dh], lse [B, H, T]
+//   x'  = x + att · Woᵀ
+//   ln2 = rmsnorm(x')                      rstd2 [N]
+//   gu  = ln2 · Wguᵀ                       [N, 2F] (gate | up)
+//   h   = silu(gate) · up                  [N, F]
+//   out = x' + h · Wdownᵀ
+// Each of the four linears runs in its plan's recipe: quantized recipes quantize X (rowwise
+// for fprop, columnwise kept for wgrad), W (once per step) and dY (in the backward).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "lowbit/gemm.h"
+#include "lowbit/model.h"
+
+namespace lowbit {
+
+namespace {
+
+Tensor act(Shape s, DType t, Device dev) {
+  return Tensor::empty(s, t, dev, MemCategory::kActivations);
+}
+
+// Rows [r0, r0 + n) of a contiguous 2-D view.
+TensorView rows(const TensorView& t, int64_t r0, int64_t n) {
+  const int64_t cols = t.shape[1];
+  auto* p = static_cast<char*>(t.data) + dtype_storage_bytes(t.dtype, r0 * cols);
+  return TensorView(p, t.dtype, Shape{n, cols}, t.device);
+}
+
+// A [B, T, heads, Dh] view of columns [col0, col0 + heads·Dh) of a [N, W] activation.
+TensorView heads_view(const Tensor& t, int B, int T, int64_t col0, int heads, int dh) {
+  const int64_t W = t.shape()[1];
+  auto* p = static_cast<char*>(t.data()) + dtype_storage_bytes(t.dtype(), col0);
+  return TensorView(p, t.dtype(), Shape{B, T, heads, dh}, Shape{T * W, W, dh, 1}, t.device());
+}
+
+}  // namespace
+
+// What the backward of one linear needs from its forward.
+struct LinearSaved {
+  TensorView x;        // bf16 input (bf16 recipe): a view of an activation kept by the block
+  Tensor x_keep;       // owns x when nothing else does
+  QuantizedTensor xq;  // quantized recipes: the columnwise copy of X (wgrad)
+};
+
+struct BlockSaved {
+  Tensor x_in;          // [N, D] bf16 block input
+  Tensor rstd1, rstd2;  // [N] f32
+  Tensor qkv;           // [N, (H + 2Hkv)·Dh] bf16, q and k rotated
+  Tensor att;           // [N, H·Dh] bf16 attention output
+  Tensor lse;           // [B, H, T] f32
+  Tensor x_mid;         // [N, D] bf16 residual after attention
+  Tensor gu;            // [N, 2F] bf16
+  LinearSaved lin[kLinearsPerBlock];
+  bool complete = false;  // false: only x_in (activation checkpointing)
+};
+
+struct LlamaModel::Impl {
+  Context& ctx;
+  const ModelConfig& cfg;
+  const PrecisionPlan& plan;
+  ParamArena& arena;
+  Device dev;
+  DType adt = DType::kBF16;  // activations and compute weights: bf16, or f32 (CPU reference)
+  Tensor rope;               // [max_seq_len, Dh/2, 2] f32
+  std::unique_ptr<DelayedScalingState> fwd_state, bwd_state;
+  std::vector<QuantizedTensor> wq;  // [L·4 + 1] quantized weights (head last)
+  bool weights_quantized = false;
+  // Parameter indices.
+  int p_embed = 0, p_norm = 0, p_head = 0;
+  int num_linears() const { return cfg.n_layers * kLinearsPerBlock; }
+  int head_index() const { return num_linears(); }
+
+  Impl(Context& c, const ModelConfig& m, const PrecisionPlan& p, ParamArena& a)
+      : ctx(c), cfg(m), plan(p), arena(a), dev(c.device()) {}
+
+  int p_layer(int l, int k) const { return 1 + l * 9 + k; }  // see ParamArena's order
+  // The compute copy of a parameter: bf16, or the f32 master in the f32 reference mode.
+  TensorView param(int i) const { return adt == DType::kF32 ? arena.master(i) : arena.compute(i); }
+  TensorView param_fused(int first, int last) const {
+    return adt == DType::kF32 ? arena.master_fused(first, last) : arena.compute_fused(first, last);
+  }
+  TensorView weight(int lin) const {
+    if (lin == head_index()) return param(p_head);
+    const int l = lin / kLinearsPerBlock;
+    switch (static_cast<LinearKind>(lin % kLinearsPerBlock)) {
+      case LinearKind::kQKV: return param_fused(p_layer(l, 1), p_layer(l, 3));
+      case LinearKind::kProj: return param(p_layer(l, 4));
+      case LinearKind::kGateUp: return param_fused(p_layer(l, 6), p_layer(l, 7));
+      case LinearKind::kDown: return param(p_layer(l, 8));
+    }
+    return {};
+  }
+  TensorView weight_grad(int lin) const {
+    if (lin == head_index()) return arena.grad(p_head);
+    const int l = lin / kLinearsPerBlock;
+    switch (static_cast<LinearKind>(lin % kLinearsPerBlock)) {
+      case LinearKind::kQKV: return arena.grad_fused(p_layer(l, 1), p_layer(l, 3));
+      case LinearKind::kProj: return arena.grad(p_layer(l, 4));
+      case LinearKind::kGateUp: return arena.grad_fused(p_layer(l, 6), p_layer(l, 7));
+      case LinearKind::kDown: return arena.grad(p_layer(l, 8));
+    }
+    return {};
+  }
+  const LinearPrecision& precision(int lin) const {
+    if (lin == head_index()) return plan.head;
+    return plan.linears[lin];
+  }
+  // The operand's config with the delayed-scaling state bound (recipe fp8).
+  QuantConfig bind(const QuantConfig& base, int lin, int which /*0 x, 1 w, 2 dy*/, bool rowwise,
+                   bool columnwise) const {
+    QuantConfig q = base;
+    q.rowwise = rowwise;
+    q.columnwise = columnwise;
+    if (precision(lin).recipe == Recipe::kFP8) {
+      if (which == 2) {
+        q.delayed = bwd_state.get();
+        q.delayed_slot = lin;
+      } else {
+        q.delayed = fwd_state.get();
+        q.delayed_slot = 2 * lin + which;
+      }
+    }
+    return q;
+  }
+
+  void quantize_weights() {
+    wq.resize(num_linears() + 1);
+    for (int lin = 0; lin <= num_linears(); ++lin) {
+      const LinearPrecision& p = precision(lin);
+      if (p.recipe == Recipe::kBF16) continue;
+      quantize(ctx, weight(lin), bind(p.w, lin, 1, true, true), wq[lin]);
+    }
+    weights_quantized = true;
+  }
+
+  // y [M, Nout] bf16 = x [M, K] · Wᵀ. `saved` (training) receives what the backward needs;
+  // `x_owner` is an activation that holds x and that the caller keeps anyway, or null.
+  void linear_fwd(int lin, const TensorView& x, const Tensor* x_owner, const TensorView& y,
+                  LinearSaved* saved) {
+    const LinearPrecision& p = precision(lin);
+    if (p.recipe == Recipe::kBF16) {
+      gemm(ctx, GemmOperand::of(x), GemmOperand::of(weight(lin)), y, {});
+      if (saved) {
+        saved->x = x;
+        if (x_owner) saved->x_keep = *x_owner;
+      }
+      return;
+    }
+    LOWBIT_CHECK(weights_quantized, "quantize_weights() must run before the forward");
+    QuantizedTensor xq;
+    quantize(ctx, x, bind(p.x, lin, 0, true, saved != nullptr), xq);
+    GemmOptions o;
+    o.role = GemmRole::kFprop;
+    gemm(ctx, GemmOperand::of(xq), GemmOperand::of(wq[lin]), y, o);
+    if (saved) {
+      xq.rowwise_data = Tensor();  // only the columnwise copy is needed (wgrad)
+      xq.rowwise_scale_inv = Tensor();
+      saved->xq = std::move(xq);
+    }
+  }
+
+  // dx [M, K] bf16 = dy · W (skipped when dx is null); dW [Nout, K] f32 += dyᵀ · x.
+  void linear_bwd(int lin, const TensorView& dy, const LinearSaved& saved, const TensorView* dx) {
+    const LinearPrecision& p = precision(lin);
+    GemmOptions dg;
+    dg.role = GemmRole::kDgrad;
+    GemmOptions wg;
+    wg.role = GemmRole::kWgrad;
+    wg.beta = 1.0f;  // accumulate into the fp32 gradient (micro-batches add up)
+    if (p.recipe == Recipe::kBF16) {
+      if (dx) gemm(ctx, GemmOperand::of(dy), GemmOperand::of(weight(lin)), *dx, dg);
+      gemm(ctx, GemmOperand::of(dy), GemmOperand::of(saved.x), weight_grad(lin), wg);
+      return;
+    }
+    QuantizedTensor dyq;
+    quantize(ctx, dy, bind(p.dy, lin, 2, dx != nullptr, true), dyq);
+    if (dx) gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(wq[lin]), *dx, dg);
+    gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(saved.xq), weight_grad(lin), wg);
+  }
+
+  TensorView rope_rows(int T) const {
+    return TensorView(rope.data(), DType::kF32, Shape{T, cfg.head_dim() / 2, 2}, dev);
+  }
+
+  // One block forward: returns the block output; fills `s` when training.
+  Tensor block_fwd(int l, const Tensor& x, int B, int T, BlockSaved* s) {
+    const int64_t N = int64_t(B) * T, D = cfg.d_model, F = cfg.ffn_hidden;
+    const int H = cfg.n_heads, Hkv = cfg.n_kv_heads, Dh = cfg.head_dim();
+    const int64_t Wqkv = int64_t(H + 2 * Hkv) * Dh;
+    const int lin0 = l * kLinearsPerBlock;
+    Tensor rstd1 = act({N}, DType::kF32, dev);
+    Tensor ln1 = act({N, D}, adt, dev);
+    rmsnorm_fwd(ctx, ln1, rstd1, x, param(p_layer(l, 0)), cfg.norm_eps);
+    Tensor qkv = act({N, Wqkv}, adt, dev);
+    linear_fwd(lin0 + 0, ln1, &ln1, qkv, s ? &s->lin[0] : nullptr);
+    ln1 = Tensor();
+    const TensorView q = heads_view(qkv, B, T, 0, H, Dh);
+    const TensorView k = heads_view(qkv, B, T, int64_t(H) * Dh, Hkv, Dh);
+    const TensorView v = heads_view(qkv, B, T, int64_t(H + Hkv) * Dh, Hkv, Dh);
+    rope_fwd(ctx, q, q, rope_rows(T));
+    rope_fwd(ctx, k, k, rope_rows(T));
+    Tensor att = act({N, int64_t(H) * Dh}, adt, dev);
+    Tensor lse = act({B, H, T}, DType::kF32, dev);
+    attention_fwd(ctx, att.view().reshape({B, T, H, Dh}), lse, q, k, v,
+                  1.0f / std::sqrt(static_cast<float>(Dh)));
+    Tensor x_mid = act({N, D}, adt, dev);
+    linear_fwd(lin0 + 1, att, &att, x_mid, s ? &s->lin[1] : nullptr);
+    add(ctx, x_mid, x_mid, x);
+    Tensor rstd2 = act({N}, DType::kF32, dev);
+    Tensor ln2 = act({N, D}, adt, dev);
+    rmsnorm_fwd(ctx, ln2, rstd2, x_mid, param(p_layer(l, 5)), cfg.norm_eps);
+    Tensor gu = act({N, 2 * F}, adt, dev);
+    linear_fwd(lin0 + 2, ln2, &ln2, gu, s ? &s->lin[2] : nullptr);
+    ln2 = Tensor();
+    Tensor h = act({N, F}, adt, dev);
+    swiglu_fwd(ctx, h, gu);
+    Tensor out = act({N, D}, adt, dev);
+    linear_fwd(lin0 + 3, h, &h, out, s ? &s->lin[3] : nullptr);
+    add(ctx, out, out, x_mid);
+    if (s) {
+      s->x_in = x;
+      s->rstd1 = std::move(rstd1);
+      s->rstd2 = std::move(rstd2);
+      s->qkv = std::move(qkv);
+      s->att = std::move(att);
+      s->lse = std::move(lse);
+      s->x_mid = std::move(x_mid);
+      s->gu = std::move(gu);
+      s->complete = true;
+    }
+    return out;
+  }
+
+  // One block backward: dx [N, D] bf16 holds d(out) on entry and d(x_in) on return.
+  void block_bwd(int l, BlockSaved& s, Tensor& dx, int B, int T) {
+    const int64_t N = int64_t(B) * T, D = cfg.d_model, F = cfg.ffn_hidden;
+    const int H = cfg.n_heads, Hkv = cfg.n_kv_heads, Dh = cfg.head_dim();
+    const int64_t Wqkv = int64_t(H + 2 * Hkv) * Dh;
+    const int lin0 = l * kLinearsPerBlock;
+    // MLP.
+    Tensor dh = act({N, F}, adt, dev);
+    linear_bwd(lin0 + 3, dx, s.lin[3], &dh.view());
+    s.lin[3] = {};
+    Tensor dgu = act({N, 2 * F}, adt, dev);
+    swiglu_bwd(ctx, dgu, dh, s.gu);
+    dh = Tensor();
+    s.gu = Tensor();
+    Tensor dln = act({N, D}, adt, dev);
+    linear_bwd(lin0 + 2, dgu, s.lin[2], &dln.view());
+    s.lin[2] = {};
+    dgu = Tensor();
+    Tensor tmp = act({N, D}, adt, dev);
+    rmsnorm_bwd(ctx, tmp, arena.grad(p_layer(l, 5)), dln, s.x_mid, param(p_layer(l, 5)), s.rstd2);
+    add(ctx, dx, dx, tmp);  // dx now d(x_mid)
+    s.x_mid = Tensor();
+    // Attention.
+    Tensor datt = act({N, int64_t(H) * Dh}, adt, dev);
+    linear_bwd(lin0 + 1, dx, s.lin[1], &datt.view());
+    s.lin[1] = {};
+    Tensor dqkv = act({N, Wqkv}, adt, dev);
+    const TensorView q = heads_view(s.qkv, B, T, 0, H, Dh);
+    const TensorView k = heads_view(s.qkv, B, T, int64_t(H) * Dh, Hkv, Dh);
+    const TensorView v = heads_view(s.qkv, B, T, int64_t(H + Hkv) * Dh, Hkv, Dh);
+    const TensorView dq = heads_view(dqkv, B, T, 0, H, Dh);
+    const TensorView dk = heads_view(dqkv, B, T, int64_t(H) * Dh, Hkv, Dh);
+    const TensorView dv = heads_view(dqkv, B, T, int64_t(H + Hkv) * Dh, Hkv, Dh);
+    attention_bwd(ctx, dq, dk, dv, datt.view().reshape({B, T, H, Dh}), q, k, v,
+                  s.att.view().reshape({B, T, H, Dh}), s.lse,
+                  1.0f / std::sqrt(static_cast<float>(Dh)));
+    datt = Tensor();
+    s.att = Tensor();
+    s.qkv = Tensor();
+    s.lse = Tensor();
+    rope_bwd(ctx, dq, dq, rope_rows(T));
+    rope_bwd(ctx, dk, dk, rope_rows(T));
+    linear_bwd(lin0 + 0, dqkv, s.lin[0], &dln.view());
+    s.lin[0] = {};
+    dqkv = Tensor();
+    rmsnorm_bwd(ctx, tmp, arena.grad(p_layer(l, 0)), dln, s.x_in, param(p_layer(l, 0)), s.rstd1);
+    add(ctx, dx, dx, tmp);  // dx now d(x_in)
+    s = BlockSaved();
+  }
+
+  Tensor upload_i32(const TensorView& t, int64_t n) {
+    LOWBIT_USER_CHECK(t.dtype == DType::kI32 && t.numel() == n && t.is_contiguous(),
+                      "expected {} contiguous int32 token ids, got {}", n, t.str());
+    if (t.device == dev) {
+      Tensor out;
+      // A view is enough; wrap it without copying.
+      return Tensor::copy_of(t, dev, MemCategory::kActivations);
+    }
+    return Tensor::copy_of(t, dev, MemCategory::kActivations);
+  }
+
+  // The whole forward (and backward when grad_scale > 0) of one micro-batch.
+  StepStats run(const TensorView& tokens_in, const TensorView* targets_in, int B, int T,
+                float grad_scale, const ForwardOptions& opt) {
+    LOWBIT_USER_CHECK(B > 0 && T > 0, "batch and sequence length must be positive (got {}×{})", B,
+                      T);
+    LOWBIT_USER_CHECK(T <= cfg.max_seq_len, "sequence length {} exceeds the model's max_seq_len {}",
+                      T, cfg.max_seq_len);
+    const int64_t N = int64_t(B) * T, D = cfg.d_model, V = cfg.vocab_size;
+    const bool backward = grad_scale > 0;
+    if (!weights_quantized) quantize_weights();
+    Tensor tokens = upload_i32(tokens_in, N);
+    Tensor x = act({N, D}, adt, dev);
+    embedding_fwd(ctx, x, tokens.view().reshape({N}), param(p_embed));
+    std::vector<BlockSaved> saved(backward ? cfg.n_layers : 0);
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      BlockSaved* s = backward ? &saved[l] : nullptr;
+      Tensor out = block_fwd(l, x, B, T, s);
+      if (s && opt.activation_checkpointing) {
+        BlockSaved keep;
+        keep.x_in = x;
+        *s = std::move(keep);
+      }
+      x = std::move(out);
+    }
+    // Final norm and the chunked head + cross-entropy.
+    Tensor rstdf = act({N}, DType::kF32, dev);
+    Tensor lnf = act({N, D}, adt, dev);
+    rmsnorm_fwd(ctx, lnf, rstdf, x, param(p_norm), cfg.norm_eps);
+    StepStats st;
+    if (targets_in == nullptr) return st;
+    Tensor targets = upload_i32(*targets_in, N);
+    Tensor losses = act({N}, DType::kF32, dev);
+    Tensor dlnf;
+    if (backward) dlnf = act({N, D}, adt, dev);
+    const int64_t chunk = std::max<int64_t>(16, std::min<int64_t>(N, opt.loss_chunk_rows));
+    Tensor logits = act({chunk, V}, adt, dev);
+    const int head = head_index();
+    LinearSaved head_saved;
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+      const int64_t n = std::min(chunk, N - r0);
+      const TensorView lg = rows(logits, 0, n);
+      const TensorView x_rows = rows(lnf, r0, n);
+      linear_fwd(head, x_rows, nullptr, lg, backward ? &head_saved : nullptr);
+      const TensorView tg(static_cast<int32_t*>(targets.data()) + r0, DType::kI32, Shape{n}, dev);
+      const TensorView ls = rows(losses.view().reshape({N, 1}), r0, n).reshape({n});
+      cross_entropy_fwd_bwd(ctx, ls, backward ? &lg : nullptr, lg, tg, -1, grad_scale);
+      if (backward) {
+        const TensorView dx_rows = rows(dlnf, r0, n);
+        linear_bwd(head, lg, head_saved, &dx_rows);
+        head_saved = {};
+      }
+    }
+    logits = Tensor();
+    // Loss: per-token losses summed in f64 on the host over the valid targets.
+    {
+      Tensor lh = Tensor::copy_of(losses, Device::cpu());
+      Tensor th = Tensor::copy_of(targets, Device::cpu());
+      const float* lp = lh.ptr<float>();
+      const int32_t* tp = th.ptr<int32_t>();
+      for (int64_t i = 0; i < N; ++i) {
+        if (tp[i] < 0) continue;
+        st.loss_sum += lp[i];
+        ++st.valid_tokens;
+      }
+    }
+    if (!backward) return st;
+    Tensor dx = act({N, D}, adt, dev);
+    rmsnorm_bwd(ctx, dx, arena.grad(p_norm), dlnf, x, param(p_norm), rstdf);
+    dlnf = Tensor();
+    lnf = Tensor();
+    x = Tensor();
+    for (int l = cfg.n_layers - 1; l >= 0; --l) {
+      BlockSaved& s = saved[l];
+      if (!s.complete) {  // activation checkpointing: recompute the block's forward
+        Tensor x_in = s.x_in;
+        block_fwd(l, x_in, B, T, &s);
+      }
+      block_bwd(l, s, dx, B, T);
+    }
+    embedding_bwd(ctx, arena.grad(p_embed), tokens.view().reshape({N}), dx);
+    return st;
+  }
+};
+
+LlamaModel::LlamaModel(const ModelConfig& cfg, const PrecisionPlan& plan, Context& ctx,
+                       DType activation_dtype)
+    : cfg_(cfg), plan_(plan), ctx_(ctx) {
+  LOWBIT_USER_CHECK(
+      activation_dtype == DType::kBF16 ||
+          (activation_dtype == DType::kF32 && !ctx.on_gpu() && plan.recipe == Recipe::kBF16),
+      "f32 activations are the CPU reference mode of the bf16 recipe");
+  cfg_.validate();
+  LOWBIT_USER_CHECK(static_cast<int>(plan_.linears.size()) == cfg_.n_layers * kLinearsPerBlock,
+                    "precision plan has {} linears, the model {}", plan_.linears.size(),
+                    cfg_.n_layers * kLinearsPerBlock);
+  arena_ = std::make_unique<ParamArena>(cfg_, ctx.device());
+  impl_ = std::make_unique<Impl>(ctx_, cfg_, plan_, *arena_);
+  Impl& m = *impl_;
+  m.adt = activation_dtype;
+  m.p_embed = arena_->find("model.embed_tokens.weight");
+  m.p_norm = arena_->find("model.norm.weight");
+  m.p_head = cfg_.tie_embeddings ? m.p_embed : arena_->find("lm_head.weight");
+  m.rope = Tensor::empty({cfg_.max_seq_len, cfg_.head_dim() / 2, 2}, DType::kF32, ctx.device(),
+                         MemCategory::kOther);
+  rope_table(ctx, m.rope, cfg_.rope);
+  bool any_fp8 = plan_.head.recipe == Recipe::kFP8;
+  for (const LinearPrecision& p : plan_.linears) any_fp8 |= p.recipe == Recipe::kFP8;
+  if (any_fp8) {
+    DelayedScalingConfig dc;
+    dc.format = plan_.overrides.fp8_format;
+    dc.history_len = plan_.overrides.amax_history_len;
+    dc.algo = plan_.overrides.amax_compute_algo;
+    dc.margin = plan_.overrides.fp8_margin;
+    const int nlin = m.num_linears() + 1;
+    m.fwd_state =
+        std::make_unique<DelayedScalingState>(dc, ScalingPass::kForward, 2 * nlin, ctx.device());
+    m.bwd_state =
+        std::make_unique<DelayedScalingState>(dc, ScalingPass::kBackward, nlin, ctx.device());
+  }
+}
+
+LlamaModel::~LlamaModel() = default;
+
+DelayedScalingState* LlamaModel::fp8_forward_state() const { return impl_->fwd_state.get(); }
+DelayedScalingState* LlamaModel::fp8_backward_state() const { return impl_->bwd_state.get(); }
+
+void LlamaModel::init_weights(uint64_t seed) {
+  const ParamArena& a = *arena_;
+  Tensor host = Tensor::zeros({a.size()}, DType::kF32, Device::cpu());
+  float* p = host.ptr<float>();
+  const float std_out = 0.02f / std::sqrt(2.0f * cfg_.n_layers);
+  for (const ParamInfo& info : a.params()) {
+    const int64_t n = info.shape.numel();
+    if (info.shape.ndim == 1) {  // norm weights
+      for (int64_t i = 0; i < n; ++i) p[info.offset + i] = 1.0f;
+      continue;
+    }
+    const bool out_proj = info.name.find("o_proj") != std::string::npos ||
+                          info.name.find("down_proj") != std::string::npos;
+    const float sd = out_proj ? std_out : 0.02f;
+    // Box-Muller over Philox words keyed by the element's arena index.
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t idx = static_cast<uint64_t>(info.offset + i);
+      const uint32_t u1 = philox_uint32(seed, 0x1417, 2 * idx);
+      const uint32_t u2 = philox_uint32(seed, 0x1417, 2 * idx + 1);
+      const double a1 = (u1 + 0.5) * (1.0 / 4294967296.0);
+      const double a2 = (u2 + 0.5) * (1.0 / 4294967296.0);
+      const double z = std::sqrt(-2.0 * std::log(a1)) * std::cos(6.283185307179586 * a2);
+      p[info.offset + i] = static_cast<float>(z * sd);
+    }
+  }
+  copy_tensor(a.master_all, host);
+  fill_bytes(a.grad_all, 0);
+  fill_bytes(a.m_all, 0);
+  fill_bytes(a.v_all, 0);
+  sync_compute_weights();
+}
+
+void LlamaModel::sync_compute_weights() {
+  convert(ctx_, arena_->compute_all.view(), arena_->master_all.view());
+  impl_->weights_quantized = false;
+}
+
+void LlamaModel::quantize_weights() { impl_->quantize_weights(); }
+
+StepStats LlamaModel::forward_backward(const TensorView& tokens, const TensorView& targets,
+                                       int batch, int seq_len, float grad_scale,
+                                       const ForwardOptions& opt) {
+  LOWBIT_USER_CHECK(grad_scale > 0, "forward_backward needs a positive grad_scale");
+  return impl_->run(tokens, &targets, batch, seq_len, grad_scale, opt);
+}
+
+StepStats LlamaModel::forward_loss(const TensorView& tokens, const TensorView& targets, int batch,
+                                   int seq_len) {
+  ForwardOptions opt;
+  opt.training = false;
+  return impl_->run(tokens, &targets, batch, seq_len, 0.0f, opt);
+}
+
+std::vector<float> LlamaModel::last_logits(const TensorView& tokens, int batch, int seq_len) {
+  // The forward up to the final norm, then the head on the last row of each sequence.
+  Impl& m = *impl_;
+  const int64_t N = int64_t(batch) * seq_len, D = cfg_.d_model, V = cfg_.vocab_size;
+  if (!m.weights_quantized) m.quantize_weights();
+  Tensor tok = m.upload_i32(tokens, N);
+  Tensor x = act({N, D}, m.adt, ctx_.device());
+  embedding_fwd(ctx_, x, tok.view().reshape({N}), m.param(m.p_embed));
+  for (int l = 0; l < cfg_.n_layers; ++l) x = m.block_fwd(l, x, batch, seq_len, nullptr);
+  Tensor rstd = act({N}, DType::kF32, ctx_.device());
+  Tensor lnf = act({N, D}, m.adt, ctx_.device());
+  rmsnorm_fwd(ctx_, lnf, rstd, x, m.param(m.p_norm), cfg_.norm_eps);
+  // Gather the last rows: [B, D].
+  Tensor last = act({batch, D}, m.adt, ctx_.device());
+  for (int b = 0; b < batch; ++b) {
+    const TensorView src = rows(lnf, int64_t(b) * seq_len + seq_len - 1, 1);
+    const TensorView dst = rows(last, b, 1);
+    if (ctx_.on_gpu()) {
+      copy_tensor(dst, src);
+    } else {
+      std::memcpy(dst.data, src.data, static_cast<size_t>(src.nbytes()));
+    }
+  }
+  // The head in bf16 (V may not suit the quantized GEMMs' alignment for one row).
+  Tensor logits = act({batch, V}, DType::kF32, ctx_.device());
+  gemm(ctx_, GemmOperand::of(last), GemmOperand::of(m.param(m.p_head)), logits, {});
+  Tensor host = Tensor::copy_of(logits, Device::cpu());
+  return std::vector<float>(host.ptr<float>(), host.ptr<float>() + batch * V);
+}
+
+}  // namespace lowbit

@@ -1,0 +1,1050 @@
+// Causal grouped-query attention on the GPU: FlashAttention-2 style kernels (bf16 tensor-core
+// MMA, fp32 accumulation, online softmax, no T×T matrix in memory) for sm_90a.
+//
+// Kernels (one (batch, head) pair and one tile of rows per block, 16 rows per warp):
+//  * attn_fwd_kernel       a tile of 16·W queries; streams key/value tiles of Bc keys up to the
+//                          diagonal: S = Q·Kᵀ, online softmax, O += P·V; writes out and lse.
+//  * attn_bwd_prep_kernel  D = rowsum(dO ∘ O) and lse·log2(e) per query, into the workspace.
+//  * attn_bwd_dkv_kernel   a tile of 16·W keys of one kv head; streams query tiles of Br queries
+//                          of every query head of its group: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ and dSᵀ,
+//                          dV += Pᵀ·dO, dK += dSᵀ·Q in registers; each key's dK, dV is owned by
+//                          one thread and summed over the group in a fixed order.
+//  * attn_bwd_dq_kernel    a tile of 16·W queries; streams key/value tiles up to the diagonal:
+//                          S, dP = dO·Vᵀ, P, dS, dQ += dS·K in registers. A separate pass
+//                          instead of fp32 atomics keeps dQ deterministic.
+//
+// Matrix products are mma.sync.m16n8k16 (bf16 × bf16 → f32). Fragment layouts (PTX ISA,
+// "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and c = lane % 4:
+//   A 16×16 (row-major): a0 = A[g][2c..2c+1], a1 = A[g+8][2c..], a2 = A[g][2c+8..], a3 =
+//   A[g+8][2c+8..] B 16×8 (k × n):      b0 = B[2c..2c+1][g], b1 = B[2c+8..2c+9][g] C 16×8 (f32):
+//   c0,c1 = C[g][2c..2c+1], c2,c3 = C[g+8][2c..2c+1]
+// so the accumulator of S over two consecutive 8-key blocks is, repacked to bf16, the A operand
+// of the following product over those 16 keys (no shared-memory round trip for P or dS).
+//
+// Shared-memory tiles are [rows, Dh] bf16, rows Dh·2 bytes apart, with 16-byte chunk c of row r
+// stored at chunk position c ^ (r & 7): the 8 row addresses of one ldmatrix 8×8 matrix then hit
+// 8 different bank groups (conflict-free), for both the plain and the transposing loads.
+// Tiles move global → shared with cp.async (16 bytes per thread, rows past T zero-filled), two
+// stages deep: the copy of tile j+1 runs while tile j is multiplied.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "lowbit/core/cuda_check.h"
+#include "ops/attention_impl.h"
+
+namespace lowbit::attn {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- PTX wrappers ------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global → shared; when !valid nothing is read and the destination is zero-filled.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Four 8×8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i holds
+// row lane/4, elements 2·(lane%4) and +1 of matrix i.
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// The same, each matrix transposed: register i holds rows 2·(lane%4), +1 of column lane/4.
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d [16×8 f32] += a [16×16 bf16] · b [16×8 bf16].
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two fp32 → a bf16 pair (RN), `lo` in the low half (the lower column index of a fragment).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// 2^x (ex2.approx: relative error ~2^-22; 2^-inf = +0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+  return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+}
+
+// ---- swizzled [rows, kDh] bf16 tiles ------------------------------------------------------------
+
+// Shared address of element (row, col) of a tile at `base`; col is a multiple of 8.
+template <int kDh>
+__device__ __forceinline__ uint32_t tile_addr(uint32_t base, int row, int col) {
+  return base + row * (kDh * 2) + ((((col >> 3) ^ (row & 7))) << 4);
+}
+
+// Address a lane passes to ldmatrix for the A operand (16 rows × 16 cols at row0, col0).
+// Matrices: 0 = rows 0-7 / cols 0-7, 1 = rows 8-15 / cols 0-7, 2 = rows 0-7 / cols 8-15,
+// 3 = rows 8-15 / cols 8-15, i.e. a0..a3.
+template <int kDh>
+__device__ __forceinline__ uint32_t a_frag_addr(uint32_t base, int row0, int col0, int lane) {
+  return tile_addr<kDh>(base, row0 + (lane & 15), col0 + ((lane >> 4) << 3));
+}
+
+// For the B operand stored as [n, k] (n = tile rows): 16 n-rows × 16 k-cols at (row0, col0).
+// Matrices: 0 = n 0-7 / k 0-7, 1 = n 0-7 / k 8-15, 2 = n 8-15 / k 0-7, 3 = n 8-15 / k 8-15, so
+// r0, r1 are (b0, b1) of the n-block row0..row0+7 and r2, r3 those of row0+8..row0+15.
+template <int kDh>
+__device__ __forceinline__ uint32_t bn_frag_addr(uint32_t base, int row0, int col0, int lane) {
+  return tile_addr<kDh>(base, row0 + (lane & 7) + ((lane >> 4) << 3),
+                        col0 + (((lane >> 3) & 1) << 3));
+}
+
+// For the B operand stored as [k, n] (k = tile rows), loaded with ldmatrix.trans: 16 k-rows at
+// row0 × 16 n-cols at col0. Matrices: 0 = k 0-7 / n 0-7, 1 = k 8-15 / n 0-7, 2 = k 0-7 / n 8-15,
+// 3 = k 8-15 / n 8-15, so r0, r1 are (b0, b1) of n-block col0..col0+7 and r2, r3 of col0+8...
+template <int kDh>
+__device__ __forceinline__ uint32_t bk_frag_addr(uint32_t base, int row0, int col0, int lane) {
+  return tile_addr<kDh>(base, row0 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                        col0 + ((lane >> 4) << 3));
+}
+
+// Starts the copy of a [kRows, kDh] tile whose row r is at g + r·row_stride; rows ≥ valid_rows
+// are zero-filled (g itself must point at a readable row).
+template <int kRows, int kDh, int kThreads>
+__device__ __forceinline__ void load_tile(uint32_t base, const uint16_t* g, int64_t row_stride,
+                                          int valid_rows, int tid) {
+  constexpr int kChunksPerRow = kDh / 8;
+  constexpr int kChunks = kRows * kChunksPerRow;
+#pragma unroll
+  for (int i = 0; i < (kChunks + kThreads - 1) / kThreads; ++i) {
+    const int chunk = tid + i * kThreads;
+    if (kChunks % kThreads == 0 || chunk < kChunks) {
+      const int r = chunk / kChunksPerRow, c = chunk % kChunksPerRow;
+      const bool valid = r < valid_rows;
+      const uint16_t* src = g + (valid ? r * row_stride : 0) + c * 8;
+      cp_async_16(tile_addr<kDh>(base, r, c * 8), src, valid);
+    }
+  }
+}
+
+// Starts the copy of kRows floats g[0..kRows) (entries ≥ valid zero-filled).
+template <int kRows>
+__device__ __forceinline__ void load_vec(uint32_t base, const float* g, int valid, int tid) {
+  if (tid < kRows) cp_async_4(base + tid * 4, g + (tid < valid ? tid : 0), tid < valid);
+}
+
+// ---- forward
+// -------------------------------------------------------------------------------------
+
+struct FwdParams {
+  const uint16_t* q;  // [B, T, H, Dh] bf16 (strided)
+  const uint16_t* k;  // [B, T, Hkv, Dh] bf16 (strided)
+  const uint16_t* v;  // [B, T, Hkv, Dh] bf16 (strided)
+  uint16_t* out;      // [B, T, H, Dh] bf16 (strided)
+  float* lse;         // [B, H, T] f32
+  int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, o_sb, o_st, o_sh;
+  int T, H, group;   // group = H / Hkv
+  float scale;       // softmax scale (> 0)
+  float scale_log2;  // scale · log2(e): scores in base-2 exponent units
+};
+
+// Grid: (query tiles, B·H), the query tile index reversed so the longest rows start first.
+// Each warp owns kMt consecutive 16-row m-tiles (16·kMt queries), so every K / V fragment read
+// from shared memory feeds kMt products. Q fragments stay in registers when they are few
+// (kMt·Dh ≤ 128), else they are re-read from shared memory per 16-column step.
+// Shared: Q [Br, Dh] | K [2][Bc, Dh] | V [2][Bc, Dh], bf16, swizzled.
+template <int kDh, int kWarps, int kBc, int kMt>
+__global__ void __launch_bounds__(kWarps * 32) attn_fwd_kernel(const FwdParams p) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kRowsW = 16 * kMt;  // queries per warp
+  constexpr int kBr = kRowsW * kWarps;
+  constexpr bool kQInRegs = kMt * kDh <= 128;
+  constexpr int kTileBytes = kBc * kDh * 2;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sQ = smem_addr(smem);
+  const uint32_t sK = sQ + kBr * kDh * 2;
+  const uint32_t sV = sK + 2 * kTileBytes;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int qt = gridDim.x - 1 - blockIdx.x;
+  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hkv = h / p.group;
+  const int T = p.T;
+  const int q0 = qt * kBr;
+  const int n_kt = (min(q0 + kBr, T) - 1) / kBc + 1;  // key tiles up to the last valid query
+  const uint16_t* qg = p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st;
+  const uint16_t* kg = p.k + b * p.k_sb + hkv * p.k_sh;
+  const uint16_t* vg = p.v + b * p.v_sb + hkv * p.v_sh;
+
+  load_tile<kBr, kDh, kThreads>(sQ, qg, p.q_st, T - q0, tid);
+  load_tile<kBc, kDh, kThreads>(sK, kg, p.k_st, T, tid);
+  load_tile<kBc, kDh, kThreads>(sV, vg, p.v_st, T, tid);
+  cp_async_commit();
+
+  const int wq0 = q0 + warp * kRowsW;  // first query of this warp
+  const int r_lo = wq0 + (lane >> 2);  // rows of m-tile mt: r_lo + 16·mt and r_lo + 16·mt + 8
+  const int c2 = 2 * (lane & 3);       // this thread's first column within an 8-column block
+
+  uint32_t qf[kQInRegs ? kMt : 1][kQInRegs ? kDh / 16 : 1][4];  // Q A-fragments, [16·kMt, Dh]
+  float o[kMt][kDh / 8][4];                                     // O accumulator, [16·kMt, Dh]
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+    for (int i = 0; i < kDh / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+  }
+  // Per m-tile and row half: running max of the raw scores q·k, and this thread's part of the
+  // running Σ exp2(scale_log2·(s − m)).
+  float m[kMt][2], l[kMt][2];
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+
+  for (int j = 0; j < n_kt; ++j) {
+    const int stage = j & 1;
+    if (j + 1 < n_kt) {
+      // Stage `stage ^ 1` was last read in iteration j − 1, which every thread has left
+      // (barrier at the end of the loop body).
+      const int k1 = (j + 1) * kBc;
+      load_tile<kBc, kDh, kThreads>(sK + (stage ^ 1) * kTileBytes, kg + k1 * p.k_st, p.k_st, T - k1,
+                                    tid);
+      load_tile<kBc, kDh, kThreads>(sV + (stage ^ 1) * kTileBytes, vg + k1 * p.v_st, p.v_st, T - k1,
+                                    tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // everything but the group just committed has landed: tile j (and Q)
+    __syncthreads();
+    if (kQInRegs && j == 0) {
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+        for (int kk = 0; kk < kDh / 16; ++kk) {
+          ldsm_x4(a_frag_addr<kDh>(sQ, warp * kRowsW + mt * 16, kk * 16, lane),
+                  qf[kQInRegs ? mt : 0][kQInRegs ? kk : 0]);
+        }
+      }
+    }
+    const int k0 = j * kBc;
+    if (k0 <= wq0 + kRowsW - 1) {  // else every key of the tile is after every warp row
+      const uint32_t sKs = sK + stage * kTileBytes, sVs = sV + stage * kTileBytes;
+      float s[kMt][kBc / 8][4];  // raw scores q·k, [16·kMt queries, Bc keys]
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+        for (int i = 0; i < kBc / 8; ++i)
+          s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kDh / 16; ++kk) {
+        uint32_t qa[kQInRegs ? 1 : kMt][4];
+        if (!kQInRegs) {
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            ldsm_x4(a_frag_addr<kDh>(sQ, warp * kRowsW + mt * 16, kk * 16, lane),
+                    qa[kQInRegs ? 0 : mt]);
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < kBc / 16; ++np) {
+          uint32_t kb[4];
+          ldsm_x4(bn_frag_addr<kDh>(sKs, np * 16, kk * 16, lane), kb);
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            const uint32_t(&a)[4] =
+                kQInRegs ? qf[kQInRegs ? mt : 0][kQInRegs ? kk : 0] : qa[kQInRegs ? 0 : mt];
+            mma_bf16(s[mt][2 * np], a, kb[0], kb[1]);
+            mma_bf16(s[mt][2 * np + 1], a, kb[2], kb[3]);
+          }
+        }
+      }
+      if (k0 + kBc - 1 > wq0) {
+        // The tile reaches past the first row's diagonal: mask keys after the query (this also
+        // masks the zero-filled keys ≥ T for every valid query).
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+          for (int nb = 0; nb < kBc / 8; ++nb) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = k0 + nb * 8 + c2 + (e & 1);
+              const int row = r_lo + 16 * mt + ((e >> 1) << 3);
+              if (key > row) s[mt][nb][e] = -INFINITY;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+        // Online softmax: new row max, rescale the running sum and O by 2^(scale_log2·(m_old −
+        // m_new)). Every row sees key 0 in tile 0, so m is finite from the first tile on; the
+        // guard only keeps a fully masked row (none today) from producing NaN.
+        float alpha[2], neg_ms[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = m[mt][r];
+#pragma unroll
+          for (int nb = 0; nb < kBc / 8; ++nb) {
+            mx = fmaxf(mx, fmaxf(s[mt][nb][2 * r], s[mt][nb][2 * r + 1]));
+          }
+          mx = quad_max(mx);
+          const float ms = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
+          alpha[r] = fast_exp2(m[mt][r] * p.scale_log2 - ms);  // 0 while m is -inf
+          m[mt][r] = mx;
+          neg_ms[r] = -ms;
+        }
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nb = 0; nb < kBc / 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[mt][nb][e] = fast_exp2(fmaf(s[mt][nb][e], p.scale_log2, neg_ms[e >> 1]));
+            rs[e >> 1] += s[mt][nb][e];
+          }
+        }
+        l[mt][0] = l[mt][0] * alpha[0] + rs[0];
+        l[mt][1] = l[mt][1] * alpha[1] + rs[1];
+#pragma unroll
+        for (int i = 0; i < kDh / 8; ++i) {
+          o[mt][i][0] *= alpha[0];
+          o[mt][i][1] *= alpha[0];
+          o[mt][i][2] *= alpha[1];
+          o[mt][i][3] *= alpha[1];
+        }
+      }
+      // O += P·V, P rounded to bf16 (the sum l keeps the fp32 values).
+#pragma unroll
+      for (int kp = 0; kp < kBc / 16; ++kp) {
+        uint32_t pa[kMt][4];
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+          pa[mt][0] = pack_bf16(s[mt][2 * kp][0], s[mt][2 * kp][1]);
+          pa[mt][1] = pack_bf16(s[mt][2 * kp][2], s[mt][2 * kp][3]);
+          pa[mt][2] = pack_bf16(s[mt][2 * kp + 1][0], s[mt][2 * kp + 1][1]);
+          pa[mt][3] = pack_bf16(s[mt][2 * kp + 1][2], s[mt][2 * kp + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDh / 16; ++dp) {
+          uint32_t vb[4];
+          ldsm_x4_t(bk_frag_addr<kDh>(sVs, kp * 16, dp * 16, lane), vb);
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            mma_bf16(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+            mma_bf16(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration j + 1
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float lsum = quad_sum(l[mt][r]);
+      const int row = r_lo + 16 * mt + 8 * r;
+      if (row >= T) continue;
+      const float inv = 1.0f / lsum;
+      uint16_t* orow = p.out + b * p.o_sb + row * p.o_st + h * p.o_sh + c2;
+#pragma unroll
+      for (int i = 0; i < kDh / 8; ++i) {
+        *reinterpret_cast<uint32_t*>(orow + i * 8) =
+            pack_bf16(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
+      }
+      // lse = ln Σ exp(scale·s) = scale·m + ln Σ exp(scale·(s − m)).
+      if ((lane & 3) == 0) {
+        p.lse[static_cast<int64_t>(bh) * T + row] = m[mt][r] * p.scale + logf(lsum);
+      }
+    }
+  }
+}
+
+// ---- backward
+// ------------------------------------------------------------------------------------
+
+struct PrepParams {
+  const uint16_t* out;   // [B, T, H, Dh] bf16 (strided)
+  const uint16_t* dout;  // [B, T, H, Dh] bf16 (strided)
+  const float* lse;      // [B, H, T] f32
+  float* delta;          // [B, H, T] f32: Σ_d dout·out
+  float* lse2;           // [B, H, T] f32: lse · log2(e)
+  int64_t o_sb, o_st, o_sh, do_sb, do_st, do_sh;
+  int64_t rows;  // B·H·T
+  int T, H;
+};
+
+// Dh/8 threads per query row (16 bytes each), rows enumerated in [B, H, T] order.
+template <int kDh>
+__global__ void __launch_bounds__(256) attn_bwd_prep_kernel(const PrepParams p) {
+  constexpr int kLanes = kDh / 8;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = idx / kLanes;
+  const int part = static_cast<int>(idx % kLanes);
+  float acc = 0.0f;
+  if (row < p.rows) {
+    const int64_t t = row % p.T, bh = row / p.T, b = bh / p.H, h = bh % p.H;
+    const uint4 ov =
+        *reinterpret_cast<const uint4*>(p.out + b * p.o_sb + t * p.o_st + h * p.o_sh + part * 8);
+    const uint4 dv = *reinterpret_cast<const uint4*>(p.dout + b * p.do_sb + t * p.do_st +
+                                                     h * p.do_sh + part * 8);
+    const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc += __uint_as_float(ow[i] << 16) * __uint_as_float(dw[i] << 16);
+      acc += __uint_as_float(ow[i] & 0xFFFF0000u) * __uint_as_float(dw[i] & 0xFFFF0000u);
+    }
+  }
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+  if (row < p.rows && part == 0) {
+    p.delta[row] = acc;
+    p.lse2[row] = p.lse[row] * kLog2e;
+  }
+}
+
+struct BwdParams {
+  const uint16_t* q;     // [B, T, H, Dh] bf16 (strided)
+  const uint16_t* k;     // [B, T, Hkv, Dh] bf16 (strided)
+  const uint16_t* v;     // [B, T, Hkv, Dh] bf16 (strided)
+  const uint16_t* dout;  // [B, T, H, Dh] bf16 (strided)
+  uint16_t* dq;          // [B, T, H, Dh] bf16 (strided)
+  uint16_t* dk;          // [B, T, Hkv, Dh] bf16 (strided)
+  uint16_t* dv;          // [B, T, Hkv, Dh] bf16 (strided)
+  const float* lse2;     // [B, H, T] f32: lse · log2(e)
+  const float* delta;    // [B, H, T] f32: rowsum(dout ∘ out)
+  int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh;
+  int64_t dq_sb, dq_st, dq_sh, dk_sb, dk_st, dk_sh, dv_sb, dv_st, dv_sh;
+  int T, H, Hkv, group;
+  float scale, scale_log2;
+};
+
+// Grid: (key tiles, B·Hkv), key tile 0 (the most queries) first. Every query head of the kv
+// head's group is processed by this block in turn, so dK and dV sum the group in a fixed order.
+// Each warp owns kMt consecutive 16-key m-tiles.
+// Shared: K [Bc, Dh] | V [Bc, Dh] | Q [2][Br, Dh] | dO [2][Br, Dh] bf16, swizzled |
+//         lse2 [2][Br] | delta [2][Br] f32.
+template <int kDh, int kWarps, int kBr, int kMt>
+__global__ void __launch_bounds__(kWarps * 32) attn_bwd_dkv_kernel(const BwdParams p) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kKeysW = 16 * kMt;  // keys per warp
+  constexpr int kBc = kKeysW * kWarps;
+  constexpr int kTileQ = kBr * kDh * 2;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sK = smem_addr(smem);
+  const uint32_t sV = sK + kBc * kDh * 2;
+  const uint32_t sQ = sV + kBc * kDh * 2;
+  const uint32_t sdO = sQ + 2 * kTileQ;
+  const uint32_t sL = sdO + 2 * kTileQ;
+  const uint32_t sD = sL + 2 * kBr * 4;
+  const float* sL_ptr = reinterpret_cast<const float*>(smem + (sL - sK));
+  const float* sD_ptr = reinterpret_cast<const float*>(smem + (sD - sK));
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int bg = blockIdx.y, b = bg / p.Hkv, hkv = bg % p.Hkv;
+  const int T = p.T;
+  const int k0 = blockIdx.x * kBc;
+  // Query tiles that see a key of this tile: from the one holding query k0 to the last.
+  const int qi0 = k0 / kBr;
+  const int nq = (T + kBr - 1) / kBr - qi0;
+  const int n_it = p.group * nq;  // iteration it: head hkv·group + it / nq, tile qi0 + it % nq
+
+  load_tile<kBc, kDh, kThreads>(sK, p.k + b * p.k_sb + hkv * p.k_sh + k0 * p.k_st, p.k_st, T - k0,
+                                tid);
+  load_tile<kBc, kDh, kThreads>(sV, p.v + b * p.v_sb + hkv * p.v_sh + k0 * p.v_st, p.v_st, T - k0,
+                                tid);
+  auto issue = [&](int it, int stage) {
+    const int h = hkv * p.group + it / nq;
+    const int q0 = (qi0 + it % nq) * kBr;
+    load_tile<kBr, kDh, kThreads>(sQ + stage * kTileQ, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st,
+                                  p.q_st, T - q0, tid);
+    load_tile<kBr, kDh, kThreads>(sdO + stage * kTileQ,
+                                  p.dout + b * p.do_sb + h * p.do_sh + q0 * p.do_st, p.do_st,
+                                  T - q0, tid);
+    const int64_t row0 = (static_cast<int64_t>(b) * p.H + h) * T + q0;
+    load_vec<kBr>(sL + stage * kBr * 4, p.lse2 + row0, T - q0, tid);
+    load_vec<kBr>(sD + stage * kBr * 4, p.delta + row0, T - q0, tid);
+  };
+  issue(0, 0);
+  cp_async_commit();  // group 0: K, V and the first query tile
+
+  const int wk0 = k0 + warp * kKeysW;    // first key of this warp
+  const int key_lo = wk0 + (lane >> 2);  // keys of m-tile mt: key_lo + 16·mt and + 8
+  const int c2 = 2 * (lane & 3);
+
+  float dk[kMt][kDh / 8][4], dv[kMt][kDh / 8][4];  // [16·kMt keys, Dh] each
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+    for (int i = 0; i < kDh / 8; ++i) {
+      dk[mt][i][0] = dk[mt][i][1] = dk[mt][i][2] = dk[mt][i][3] = 0.0f;
+      dv[mt][i][0] = dv[mt][i][1] = dv[mt][i][2] = dv[mt][i][3] = 0.0f;
+    }
+  }
+
+  for (int it = 0; it < n_it; ++it) {
+    const int stage = it & 1;
+    if (it + 1 < n_it) issue(it + 1, stage ^ 1);  // stage ^ 1 was released by the last barrier
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const int q0 = (qi0 + it % nq) * kBr;
+    // Skip when every query of the tile precedes every key of the warp, or the warp's keys are
+    // all past T.
+    if (q0 + kBr - 1 >= wk0 && wk0 < T) {
+      const uint32_t sQs = sQ + stage * kTileQ, sdOs = sdO + stage * kTileQ;
+      const float* lrow = sL_ptr + stage * kBr;         // [Br]
+      const float* drow = sD_ptr + stage * kBr;         // [Br]
+      float st[kMt][kBr / 8][4], dpt[kMt][kBr / 8][4];  // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: [16·kMt, Br]
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+        for (int i = 0; i < kBr / 8; ++i) {
+          st[mt][i][0] = st[mt][i][1] = st[mt][i][2] = st[mt][i][3] = 0.0f;
+          dpt[mt][i][0] = dpt[mt][i][1] = dpt[mt][i][2] = dpt[mt][i][3] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kDh / 16; ++kk) {
+        uint32_t ka[kMt][4], va[kMt][4];
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+          ldsm_x4(a_frag_addr<kDh>(sK, warp * kKeysW + mt * 16, kk * 16, lane), ka[mt]);
+          ldsm_x4(a_frag_addr<kDh>(sV, warp * kKeysW + mt * 16, kk * 16, lane), va[mt]);
+        }
+#pragma unroll
+        for (int np = 0; np < kBr / 16; ++np) {
+          uint32_t qb[4], ob[4];
+          ldsm_x4(bn_frag_addr<kDh>(sQs, np * 16, kk * 16, lane), qb);
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            mma_bf16(st[mt][2 * np], ka[mt], qb[0], qb[1]);
+            mma_bf16(st[mt][2 * np + 1], ka[mt], qb[2], qb[3]);
+          }
+          ldsm_x4(bn_frag_addr<kDh>(sdOs, np * 16, kk * 16, lane), ob);
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            mma_bf16(dpt[mt][2 * np], va[mt], ob[0], ob[1]);
+            mma_bf16(dpt[mt][2 * np + 1], va[mt], ob[2], ob[3]);
+          }
+        }
+      }
+      // Pᵀ = 2^(scale_log2·s − lse2) and dSᵀ = Pᵀ ∘ (dPᵀ − delta); element e of block nb of
+      // m-tile mt is key key_lo + 16·mt + 8·(e/2), query q0 + 8·nb + c2 + e%2. Masked: queries
+      // before the key and the zero-filled queries ≥ T.
+      const bool need_mask = q0 < wk0 + kKeysW - 1 || q0 + kBr > T;
+#pragma unroll
+      for (int nb = 0; nb < kBr / 8; ++nb) {
+        const float2 lq = *reinterpret_cast<const float2*>(lrow + nb * 8 + c2);
+        const float2 dd = *reinterpret_cast<const float2*>(drow + nb * 8 + c2);
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int qq = q0 + nb * 8 + c2 + (e & 1);
+            const int key = key_lo + 16 * mt + ((e >> 1) << 3);
+            float pv = fast_exp2(fmaf(st[mt][nb][e], p.scale_log2, -((e & 1) ? lq.y : lq.x)));
+            if (need_mask && (qq < key || qq >= T)) pv = 0.0f;
+            st[mt][nb][e] = pv;
+            dpt[mt][nb][e] = pv * (dpt[mt][nb][e] - ((e & 1) ? dd.y : dd.x));
+          }
+        }
+      }
+      // dV += Pᵀ·dO and dK += dSᵀ·Q over the tile's queries (Pᵀ, dSᵀ rounded to bf16).
+#pragma unroll
+      for (int kp = 0; kp < kBr / 16; ++kp) {
+        uint32_t pa[kMt][4], da[kMt][4];
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+          pa[mt][0] = pack_bf16(st[mt][2 * kp][0], st[mt][2 * kp][1]);
+          pa[mt][1] = pack_bf16(st[mt][2 * kp][2], st[mt][2 * kp][3]);
+          pa[mt][2] = pack_bf16(st[mt][2 * kp + 1][0], st[mt][2 * kp + 1][1]);
+          pa[mt][3] = pack_bf16(st[mt][2 * kp + 1][2], st[mt][2 * kp + 1][3]);
+          da[mt][0] = pack_bf16(dpt[mt][2 * kp][0], dpt[mt][2 * kp][1]);
+          da[mt][1] = pack_bf16(dpt[mt][2 * kp][2], dpt[mt][2 * kp][3]);
+          da[mt][2] = pack_bf16(dpt[mt][2 * kp + 1][0], dpt[mt][2 * kp + 1][1]);
+          da[mt][3] = pack_bf16(dpt[mt][2 * kp + 1][2], dpt[mt][2 * kp + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDh / 16; ++dp) {
+          uint32_t ob[4], qb[4];
+          ldsm_x4_t(bk_frag_addr<kDh>(sdOs, kp * 16, dp * 16, lane), ob);
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            mma_bf16(dv[mt][2 * dp], pa[mt], ob[0], ob[1]);
+            mma_bf16(dv[mt][2 * dp + 1], pa[mt], ob[2], ob[3]);
+          }
+          ldsm_x4_t(bk_frag_addr<kDh>(sQs, kp * 16, dp * 16, lane), qb);
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            mma_bf16(dk[mt][2 * dp], da[mt], qb[0], qb[1]);
+            mma_bf16(dk[mt][2 * dp + 1], da[mt], qb[2], qb[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration it + 1
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = key_lo + 16 * mt + 8 * r;
+      if (key >= T) continue;
+      uint16_t* dkrow = p.dk + b * p.dk_sb + key * p.dk_st + hkv * p.dk_sh + c2;
+      uint16_t* dvrow = p.dv + b * p.dv_sb + key * p.dv_st + hkv * p.dv_sh + c2;
+#pragma unroll
+      for (int i = 0; i < kDh / 8; ++i) {
+        *reinterpret_cast<uint32_t*>(dkrow + i * 8) =
+            pack_bf16(dk[mt][i][2 * r] * p.scale, dk[mt][i][2 * r + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dvrow + i * 8) =
+            pack_bf16(dv[mt][i][2 * r], dv[mt][i][2 * r + 1]);
+      }
+    }
+  }
+}
+
+// Grid: (query tiles, B·H), reversed like the forward. Each warp owns kMt 16-query m-tiles.
+// Shared: Q [Br, Dh] | dO [Br, Dh] | K [2][Bc, Dh] | V [2][Bc, Dh], bf16, swizzled.
+template <int kDh, int kWarps, int kBc, int kMt>
+__global__ void __launch_bounds__(kWarps * 32) attn_bwd_dq_kernel(const BwdParams p) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kRowsW = 16 * kMt;
+  constexpr int kBr = kRowsW * kWarps;
+  constexpr int kTileBytes = kBc * kDh * 2;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sQ = smem_addr(smem);
+  const uint32_t sdO = sQ + kBr * kDh * 2;
+  const uint32_t sK = sdO + kBr * kDh * 2;
+  const uint32_t sV = sK + 2 * kTileBytes;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int qt = gridDim.x - 1 - blockIdx.x;
+  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hkv = h / p.group;
+  const int T = p.T;
+  const int q0 = qt * kBr;
+  const int n_kt = (min(q0 + kBr, T) - 1) / kBc + 1;
+  const uint16_t* kg = p.k + b * p.k_sb + hkv * p.k_sh;
+  const uint16_t* vg = p.v + b * p.v_sb + hkv * p.v_sh;
+
+  load_tile<kBr, kDh, kThreads>(sQ, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, p.q_st, T - q0,
+                                tid);
+  load_tile<kBr, kDh, kThreads>(sdO, p.dout + b * p.do_sb + h * p.do_sh + q0 * p.do_st, p.do_st,
+                                T - q0, tid);
+  load_tile<kBc, kDh, kThreads>(sK, kg, p.k_st, T, tid);
+  load_tile<kBc, kDh, kThreads>(sV, vg, p.v_st, T, tid);
+  cp_async_commit();
+
+  const int wq0 = q0 + warp * kRowsW;
+  const int r_lo = wq0 + (lane >> 2);  // rows of m-tile mt: r_lo + 16·mt and + 8
+  const int c2 = 2 * (lane & 3);
+  // lse2 and delta of the thread's rows (0 for rows ≥ T, whose Q and dO are zero-filled: their
+  // P is finite and their dS exactly 0).
+  float lq[kMt][2], dlt[kMt][2];
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = r_lo + 16 * mt + 8 * r;
+      const int64_t idx = static_cast<int64_t>(bh) * T + row;
+      lq[mt][r] = row < T ? p.lse2[idx] : 0.0f;
+      dlt[mt][r] = row < T ? p.delta[idx] : 0.0f;
+    }
+  }
+
+  float dqa[kMt][kDh / 8][4];  // dQ accumulator, [16·kMt queries, Dh]
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+    for (int i = 0; i < kDh / 8; ++i) {
+      dqa[mt][i][0] = dqa[mt][i][1] = dqa[mt][i][2] = dqa[mt][i][3] = 0.0f;
+    }
+  }
+
+  for (int j = 0; j < n_kt; ++j) {
+    const int stage = j & 1;
+    if (j + 1 < n_kt) {
+      const int k1 = (j + 1) * kBc;
+      load_tile<kBc, kDh, kThreads>(sK + (stage ^ 1) * kTileBytes, kg + k1 * p.k_st, p.k_st, T - k1,
+                                    tid);
+      load_tile<kBc, kDh, kThreads>(sV + (stage ^ 1) * kTileBytes, vg + k1 * p.v_st, p.v_st, T - k1,
+                                    tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const int k0 = j * kBc;
+    if (k0 <= wq0 + kRowsW - 1) {
+      const uint32_t sKs = sK + stage * kTileBytes, sVs = sV + stage * kTileBytes;
+      // S = Q·Kᵀ and dP = dO·Vᵀ, [16·kMt queries, Bc keys]
+      float s[kMt][kBc / 8][4], dpv[kMt][kBc / 8][4];
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+        for (int i = 0; i < kBc / 8; ++i) {
+          s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+          dpv[mt][i][0] = dpv[mt][i][1] = dpv[mt][i][2] = dpv[mt][i][3] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kDh / 16; ++kk) {
+        uint32_t qa[kMt][4], oa[kMt][4];
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+          ldsm_x4(a_frag_addr<kDh>(sQ, warp * kRowsW + mt * 16, kk * 16, lane), qa[mt]);
+          ldsm_x4(a_frag_addr<kDh>(sdO, warp * kRowsW + mt * 16, kk * 16, lane), oa[mt]);
+        }
+#pragma unroll
+        for (int np = 0; np < kBc / 16; ++np) {
+          uint32_t kb[4], vb[4];
+          ldsm_x4(bn_frag_addr<kDh>(sKs, np * 16, kk * 16, lane), kb);
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            mma_bf16(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+            mma_bf16(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+          }
+          ldsm_x4(bn_frag_addr<kDh>(sVs, np * 16, kk * 16, lane), vb);
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            mma_bf16(dpv[mt][2 * np], oa[mt], vb[0], vb[1]);
+            mma_bf16(dpv[mt][2 * np + 1], oa[mt], vb[2], vb[3]);
+          }
+        }
+      }
+      const bool need_mask = k0 + kBc - 1 > wq0;
+#pragma unroll
+      for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+        for (int nb = 0; nb < kBc / 8; ++nb) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + nb * 8 + c2 + (e & 1);
+            const int row = r_lo + 16 * mt + ((e >> 1) << 3);
+            float pv = fast_exp2(fmaf(s[mt][nb][e], p.scale_log2, -lq[mt][e >> 1]));
+            if (need_mask && key > row) pv = 0.0f;
+            s[mt][nb][e] = pv * (dpv[mt][nb][e] - dlt[mt][e >> 1]);  // dS
+          }
+        }
+      }
+      // dQ += dS·K (dS rounded to bf16).
+#pragma unroll
+      for (int kp = 0; kp < kBc / 16; ++kp) {
+        uint32_t da[kMt][4];
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+          da[mt][0] = pack_bf16(s[mt][2 * kp][0], s[mt][2 * kp][1]);
+          da[mt][1] = pack_bf16(s[mt][2 * kp][2], s[mt][2 * kp][3]);
+          da[mt][2] = pack_bf16(s[mt][2 * kp + 1][0], s[mt][2 * kp + 1][1]);
+          da[mt][3] = pack_bf16(s[mt][2 * kp + 1][2], s[mt][2 * kp + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDh / 16; ++dp) {
+          uint32_t kb[4];
+          ldsm_x4_t(bk_frag_addr<kDh>(sKs, kp * 16, dp * 16, lane), kb);
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            mma_bf16(dqa[mt][2 * dp], da[mt], kb[0], kb[1]);
+            mma_bf16(dqa[mt][2 * dp + 1], da[mt], kb[2], kb[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = r_lo + 16 * mt + 8 * r;
+      if (row >= T) continue;
+      uint16_t* dqrow = p.dq + b * p.dq_sb + row * p.dq_st + h * p.dq_sh + c2;
+#pragma unroll
+      for (int i = 0; i < kDh / 8; ++i) {
+        *reinterpret_cast<uint32_t*>(dqrow + i * 8) =
+            pack_bf16(dqa[mt][i][2 * r] * p.scale, dqa[mt][i][2 * r + 1] * p.scale);
+      }
+    }
+  }
+}
+
+// ---- launchers
+// -----------------------------------------------------------------------------------
+
+template <typename Kernel>
+void set_smem(Kernel kernel, size_t bytes) {
+  LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)));
+}
+
+int tiles_of(int T, int rows) { return (T + rows - 1) / rows; }
+
+template <int kDh, int kWarps, int kBc, int kMt>
+void launch_fwd(const FwdParams& p, int B, cudaStream_t stream) {
+  constexpr int kBr = 16 * kMt * kWarps;
+  const size_t smem = static_cast<size_t>(kBr + 4 * kBc) * kDh * 2;
+  auto kernel = attn_fwd_kernel<kDh, kWarps, kBc, kMt>;
+  set_smem(kernel, smem);
+  const dim3 grid(tiles_of(p.T, kBr), B * p.H);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+template <int kDh, int kWarps, int kBr, int kMt>
+void launch_dkv(const BwdParams& p, int B, cudaStream_t stream) {
+  constexpr int kBc = 16 * kMt * kWarps;
+  const size_t smem = static_cast<size_t>(2 * kBc + 4 * kBr) * kDh * 2 + 4 * kBr * 4;
+  auto kernel = attn_bwd_dkv_kernel<kDh, kWarps, kBr, kMt>;
+  set_smem(kernel, smem);
+  const dim3 grid(tiles_of(p.T, kBc), B * p.Hkv);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+template <int kDh, int kWarps, int kBc, int kMt>
+void launch_dq(const BwdParams& p, int B, cudaStream_t stream) {
+  constexpr int kBr = 16 * kMt * kWarps;
+  const size_t smem = static_cast<size_t>(2 * kBr + 4 * kBc) * kDh * 2;
+  auto kernel = attn_bwd_dq_kernel<kDh, kWarps, kBc, kMt>;
+  set_smem(kernel, smem);
+  const dim3 grid(tiles_of(p.T, kBr), B * p.H);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+// The compiled (warps, tile, m-tiles per warp) triples of each kernel family, by head dim; the
+// dispatchers below name the same combinations.
+struct Variant {
+  int warps, tile, mt;
+};
+
+const std::vector<Variant>& fwd_variants(int dh) {
+  static const std::vector<Variant> v64 = {{4, 64, 1}, {4, 128, 1}, {4, 64, 2}, {4, 32, 2}};
+  static const std::vector<Variant> v128 = {{4, 64, 1}, {4, 64, 2}, {4, 32, 2}};
+  return dh == 64 ? v64 : v128;
+}
+
+const std::vector<Variant>& dkv_variants(int dh) {
+  static const std::vector<Variant> v64 = {{4, 64, 1}, {8, 64, 1}, {4, 32, 2}};
+  static const std::vector<Variant> v128 = {{4, 64, 1}, {4, 32, 1}, {8, 32, 1}};
+  return dh == 64 ? v64 : v128;
+}
+
+const std::vector<Variant>& dq_variants(int dh) {
+  static const std::vector<Variant> v64 = {{4, 64, 1}, {4, 128, 1}, {4, 32, 2}, {4, 64, 2}};
+  static const std::vector<Variant> v128 = {{4, 64, 1}, {4, 32, 2}, {4, 16, 2}};
+  return dh == 64 ? v64 : v128;
+}
+
+void run_fwd(int dh, Variant t, const FwdParams& p, int B, cudaStream_t s) {
+  if (dh == 64) {
+    if (t.warps == 4 && t.tile == 64 && t.mt == 1) return launch_fwd<64, 4, 64, 1>(p, B, s);
+    if (t.warps == 4 && t.tile == 128 && t.mt == 1) return launch_fwd<64, 4, 128, 1>(p, B, s);
+    if (t.warps == 4 && t.tile == 64 && t.mt == 2) return launch_fwd<64, 4, 64, 2>(p, B, s);
+    if (t.warps == 4 && t.tile == 32 && t.mt == 2) return launch_fwd<64, 4, 32, 2>(p, B, s);
+  }
+  if (dh == 128) {
+    if (t.warps == 4 && t.tile == 64 && t.mt == 1) return launch_fwd<128, 4, 64, 1>(p, B, s);
+    if (t.warps == 4 && t.tile == 64 && t.mt == 2) return launch_fwd<128, 4, 64, 2>(p, B, s);
+    if (t.warps == 4 && t.tile == 32 && t.mt == 2) return launch_fwd<128, 4, 32, 2>(p, B, s);
+  }
+  LOWBIT_CHECK(
+      false,
+      "attention_fwd: no kernel for Dh {} with {} warps, {}-key tiles and {} m-tiles per warp", dh,
+      t.warps, t.tile, t.mt);
+}
+
+void run_dkv(int dh, Variant t, const BwdParams& p, int B, cudaStream_t s) {
+  if (dh == 64) {
+    if (t.warps == 4 && t.tile == 64 && t.mt == 1) return launch_dkv<64, 4, 64, 1>(p, B, s);
+    if (t.warps == 8 && t.tile == 64 && t.mt == 1) return launch_dkv<64, 8, 64, 1>(p, B, s);
+    if (t.warps == 4 && t.tile == 32 && t.mt == 2) return launch_dkv<64, 4, 32, 2>(p, B, s);
+  }
+  if (dh == 128) {
+    if (t.warps == 4 && t.tile == 64 && t.mt == 1) return launch_dkv<128, 4, 64, 1>(p, B, s);
+    if (t.warps == 4 && t.tile == 32 && t.mt == 1) return launch_dkv<128, 4, 32, 1>(p, B, s);
+    if (t.warps == 8 && t.tile == 32 && t.mt == 1) return launch_dkv<128, 8, 32, 1>(p, B, s);
+  }
+  LOWBIT_CHECK(false,
+               "attention_bwd: no dK/dV kernel for Dh {} with {} warps, {}-query tiles and {} "
+               "m-tiles per warp",
+               dh, t.warps, t.tile, t.mt);
+}
+
+void run_dq(int dh, Variant t, const BwdParams& p, int B, cudaStream_t s) {
+  if (dh == 64) {
+    if (t.warps == 4 && t.tile == 64 && t.mt == 1) return launch_dq<64, 4, 64, 1>(p, B, s);
+    if (t.warps == 4 && t.tile == 128 && t.mt == 1) return launch_dq<64, 4, 128, 1>(p, B, s);
+    if (t.warps == 4 && t.tile == 32 && t.mt == 2) return launch_dq<64, 4, 32, 2>(p, B, s);
+    if (t.warps == 4 && t.tile == 64 && t.mt == 2) return launch_dq<64, 4, 64, 2>(p, B, s);
+  }
+  if (dh == 128) {
+    if (t.warps == 4 && t.tile == 64 && t.mt == 1) return launch_dq<128, 4, 64, 1>(p, B, s);
+    if (t.warps == 4 && t.tile == 32 && t.mt == 2) return launch_dq<128, 4, 32, 2>(p, B, s);
+    if (t.warps == 4 && t.tile == 16 && t.mt == 2) return launch_dq<128, 4, 16, 2>(p, B, s);
+  }
+  LOWBIT_CHECK(
+      false,
+      "attention_bwd: no dQ kernel for Dh {} with {} warps, {}-key tiles and {} m-tiles per warp",
+      dh, t.warps, t.tile, t.mt);
+}
+
+const uint16_t* bf16_in(const TensorView& t) { return t.ptr<const uint16_t>(); }
+uint16_t* bf16_out(const TensorView& t) { return t.ptr<uint16_t>(); }
+
+void check_grid(const char* op, int64_t B, int64_t heads, int64_t T) {
+  LOWBIT_USER_CHECK(B * heads <= 65535,
+                    "{}: B·heads = {} is above the GPU kernels' limit of 65535; split the batch",
+                    op, B * heads);
+  LOWBIT_USER_CHECK(T <= (int64_t{1} << 24),
+                    "{}: T = {} is above the GPU kernels' limit of 2^24 positions", op, T);
+}
+
+}  // namespace
+
+CudaTiles default_tiles(int dh) {
+  // The fastest variants of the benchmark sweep (AttentionGpu.PerfSdpaShapes) on an H100.
+  CudaTiles t;
+  if (dh == 64) {
+    t.fwd_warps = 4, t.fwd_bc = 128, t.fwd_mt = 1;
+    t.dkv_warps = 4, t.dkv_br = 64, t.dkv_mt = 1;
+    t.dq_warps = 4, t.dq_bc = 128, t.dq_mt = 1;
+  } else {
+    t.fwd_warps = 4, t.fwd_bc = 64, t.fwd_mt = 1;
+    t.dkv_warps = 4, t.dkv_br = 64, t.dkv_mt = 1;
+    t.dq_warps = 4, t.dq_bc = 64, t.dq_mt = 1;
+  }
+  return t;
+}
+
+std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
+  std::vector<CudaTiles> out;
+  for (const Variant& f : fwd_variants(dh)) {
+    CudaTiles t = default_tiles(dh);
+    t.fwd_warps = f.warps, t.fwd_bc = f.tile, t.fwd_mt = f.mt;
+    out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<CudaTiles> candidate_bwd_tiles(int dh) {
+  std::vector<CudaTiles> out;
+  for (const Variant& a : dkv_variants(dh)) {
+    for (const Variant& q : dq_variants(dh)) {
+      CudaTiles t = default_tiles(dh);
+      t.dkv_warps = a.warps, t.dkv_br = a.tile, t.dkv_mt = a.mt;
+      t.dq_warps = q.warps, t.dq_bc = q.tile, t.dq_mt = q.mt;
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+void attention_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& lse,
+                        const TensorView& q, const TensorView& k, const TensorView& v, float scale,
+                        const CudaTiles* tiles) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
+  const int dh = static_cast<int>(q.size(3));
+  check_grid("attention_fwd", B, H, T);
+  const CudaTiles t = tiles != nullptr ? *tiles : default_tiles(dh);
+  FwdParams p{};
+  p.q = bf16_in(q), p.k = bf16_in(k), p.v = bf16_in(v);
+  p.out = bf16_out(out), p.lse = lse.ptr<float>();
+  p.q_sb = q.strides[0], p.q_st = q.strides[1], p.q_sh = q.strides[2];
+  p.k_sb = k.strides[0], p.k_st = k.strides[1], p.k_sh = k.strides[2];
+  p.v_sb = v.strides[0], p.v_st = v.strides[1], p.v_sh = v.strides[2];
+  p.o_sb = out.strides[0], p.o_st = out.strides[1], p.o_sh = out.strides[2];
+  p.T = static_cast<int>(T), p.H = static_cast<int>(H), p.group = static_cast<int>(H / Hkv);
+  p.scale = scale;
+  p.scale_log2 = scale * kLog2e;
+  run_fwd(dh, Variant{t.fwd_warps, t.fwd_bc, t.fwd_mt}, p, static_cast<int>(B), ctx.stream());
+}
+
+void attention_bwd_cuda(Context& ctx, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const TensorView& dout, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const TensorView& out,
+                        const TensorView& lse, float scale, const CudaTiles* tiles) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
+  const int dh = static_cast<int>(q.size(3));
+  check_grid("attention_bwd", B, H, T);
+  const CudaTiles t = tiles != nullptr ? *tiles : default_tiles(dh);
+  cudaStream_t stream = ctx.stream();
+
+  // Workspace: delta [B, H, T] f32 | lse2 [B, H, T] f32.
+  const int64_t rows = B * H * T;
+  float* ws = static_cast<float*>(ctx.workspace(static_cast<size_t>(2 * rows) * sizeof(float)));
+  float* delta = ws;
+  float* lse2 = ws + rows;
+
+  PrepParams pp{};
+  pp.out = bf16_in(out), pp.dout = bf16_in(dout), pp.lse = lse.ptr<const float>();
+  pp.delta = delta, pp.lse2 = lse2;
+  pp.o_sb = out.strides[0], pp.o_st = out.strides[1], pp.o_sh = out.strides[2];
+  pp.do_sb = dout.strides[0], pp.do_st = dout.strides[1], pp.do_sh = dout.strides[2];
+  pp.rows = rows, pp.T = static_cast<int>(T), pp.H = static_cast<int>(H);
+  const int64_t prep_threads = rows * (dh / 8);
+  const unsigned prep_blocks = static_cast<unsigned>((prep_threads + 255) / 256);
+  if (dh == 64) {
+    attn_bwd_prep_kernel<64><<<prep_blocks, 256, 0, stream>>>(pp);
+  } else {
+    attn_bwd_prep_kernel<128><<<prep_blocks, 256, 0, stream>>>(pp);
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH();
+
+  BwdParams p{};
+  p.q = bf16_in(q), p.k = bf16_in(k), p.v = bf16_in(v), p.dout = bf16_in(dout);
+  p.dq = bf16_out(dq), p.dk = bf16_out(dk), p.dv = bf16_out(dv);
+  p.lse2 = lse2, p.delta = delta;
+  p.q_sb = q.strides[0], p.q_st = q.strides[1], p.q_sh = q.strides[2];
+  p.k_sb = k.strides[0], p.k_st = k.strides[1], p.k_sh = k.strides[2];
+  p.v_sb = v.strides[0], p.v_st = v.strides[1], p.v_sh = v.strides[2];
+  p.do_sb = dout.strides[0], p.do_st = dout.strides[1], p.do_sh = dout.strides[2];
+  p.dq_sb = dq.strides[0], p.dq_st = dq.strides[1], p.dq_sh = dq.strides[2];
+  p.dk_sb = dk.strides[0], p.dk_st = dk.strides[1], p.dk_sh = dk.strides[2];
+  p.dv_sb = dv.strides[0], p.dv_st = dv.strides[1], p.dv_sh = dv.strides[2];
+  p.T = static_cast<int>(T), p.H = static_cast<int>(H), p.Hkv = static_cast<int>(Hkv);
+  p.group = static_cast<int>(H / Hkv);
+  p.scale = scale;
+  p.scale_log2 = scale * kLog2e;
+  run_dkv(dh, Variant{t.dkv_warps, t.dkv_br, t.dkv_mt}, p, static_cast<int>(B), stream);
+  run_dq(dh, Variant{t.dq_warps, t.dq_bc, t.dq_mt}, p, static_cast<int>(B), stream);
+}
+
+}  // namespace lowbit::attn

@@ -1,0 +1,50 @@
+// Private interface of causal attention (include/lowbit/ops.h: attention_fwd / attention_bwd):
+// the CPU twin (attention_ref.cpp) and the CUDA launchers (attention.cu). attention.cpp
+// validates every argument and then calls one of them, so these functions trust their inputs.
+#pragma once
+
+#include <vector>
+
+#include "lowbit/core.h"
+
+namespace lowbit::attn {
+
+// ---- CPU twin -----------------------------------------------------------------------------
+// q [B, T, H, Dh], k and v [B, T, Hkv, Dh], each bf16 or f32 (strided, last dim contiguous);
+// out [B, T, H, Dh] bf16 or f32; lse [B, H, T] f32 contiguous. Plain fp32 arithmetic.
+void attention_fwd_ref(const TensorView& out, const TensorView& lse, const TensorView& q,
+                       const TensorView& k, const TensorView& v, float scale);
+// dq [B, T, H, Dh], dk and dv [B, T, Hkv, Dh] (bf16 or f32, overwritten) from dout
+// [B, T, H, Dh] and the forward's q, k, v, out and lse [B, H, T] f32.
+void attention_bwd_ref(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                       const TensorView& dout, const TensorView& q, const TensorView& k,
+                       const TensorView& v, const TensorView& out, const TensorView& lse,
+                       float scale);
+
+// ---- CUDA ---------------------------------------------------------------------------------
+// Tile shapes of the three kernel families. Each kernel gives every warp `mt` m-tiles of 16
+// rows of the block's tile (queries in the forward and the dQ pass, keys in the dK/dV pass), so
+// a block of `warps` warps owns 16·mt·warps rows and streams tiles of the other side.
+struct CudaTiles {
+  int fwd_warps = 4, fwd_bc = 64, fwd_mt = 1;  // fwd_bc: keys per streamed tile
+  int dkv_warps = 4, dkv_br = 64, dkv_mt = 1;  // dkv_br: queries per streamed tile
+  int dq_warps = 4, dq_bc = 64, dq_mt = 1;     // dq_bc: keys per streamed tile
+};
+
+// The tiles attention_fwd / attention_bwd use for head dim `dh` (64 or 128).
+CudaTiles default_tiles(int dh);
+// Every compiled combination for `dh`, for the benchmark sweep (the default is among them).
+std::vector<CudaTiles> candidate_fwd_tiles(int dh);
+std::vector<CudaTiles> candidate_bwd_tiles(int dh);
+
+// bf16 tensors on ctx's GPU, 16-byte aligned rows (checked by the caller). `tiles` overrides
+// default_tiles() (must be one of the candidates).
+void attention_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& lse,
+                        const TensorView& q, const TensorView& k, const TensorView& v, float scale,
+                        const CudaTiles* tiles = nullptr);
+void attention_bwd_cuda(Context& ctx, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const TensorView& dout, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const TensorView& out,
+                        const TensorView& lse, float scale, const CudaTiles* tiles = nullptr);
+
+}  // namespace lowbit::attn

@@ -1,0 +1,236 @@
+// CUDA cross_entropy_fwd_bwd: one block per row of logits, memory-bound.
+//
+// Pass 1 reads the row once with 16-byte vectors (8 bf16) and keeps, per thread, an online
+// (max m, sum s of exp(x − m)) pair in fp32; the pairs are merged in a fixed tree (warp
+// butterfly, then the warps in order), so the result is deterministic. The first part of the
+// row (up to kMaxCacheBytes) is kept in shared memory as it is read, so that pass 2, which
+// writes dx = grad_scale · (exp(x − m) / s − onehot), reads it from there instead of HBM; the
+// rest of a longer row is read again (mostly from L2).
+//
+// Rows of odd V are not 16-byte aligned: each row is split into a scalar head (up to the first
+// 16-byte boundary), a vector body and a scalar tail. exp is ex2.approx of (x − m)·log2(e), a few
+// fp32 ulps from exp, far below the bf16 output's rounding.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "lowbit/core/cuda_check.h"
+#include "lowbit/formats.h"
+#include "ops/cross_entropy_impl.h"
+#include "ops/ops_cuda.cuh"
+
+namespace lowbit::ops_detail {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kUnroll = 4;                 // 16-byte loads in flight per thread
+constexpr int kMaxCacheBytes = 100 << 10;  // shared memory per block: two blocks fit an SM
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// exp(x − m) for x ≤ m; 0 for x = −inf (even when m = −inf, where x − m is NaN).
+__device__ __forceinline__ float exp_shift(float x, float m) {
+  return x == -INFINITY ? 0.0f : ex2((x - m) * kLog2e);
+}
+
+// s · exp(m_old − m_new); an empty sum (s = 0, m_old = −inf) stays 0, a NaN sum stays NaN.
+__device__ __forceinline__ float rescale(float s, float m_old, float m_new) {
+  return s == 0.0f ? 0.0f : s * ex2((m_old - m_new) * kLog2e);
+}
+
+struct MaxSum {
+  float m;  // running max (fmaxf: NaN ignored; −inf while empty)
+  float s;  // Σ exp(x − m) of the values seen
+};
+
+// Commutative (fmaxf and fp32 addition are), so both lanes of a butterfly get the same bits.
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  return {m, rescale(a.s, a.m, m) + rescale(b.s, b.m, m)};
+}
+
+__device__ __forceinline__ void absorb1(MaxSum& st, float x) {
+  const float m = fmaxf(st.m, x);
+  st.s = rescale(st.s, st.m, m) + exp_shift(x, m);
+  st.m = m;
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+__device__ __forceinline__ void unpack8(const uint4& u, float v[8]) {
+  v[0] = bf16_lo(u.x), v[1] = bf16_hi(u.x), v[2] = bf16_lo(u.y), v[3] = bf16_hi(u.y);
+  v[4] = bf16_lo(u.z), v[5] = bf16_hi(u.z), v[6] = bf16_lo(u.w), v[7] = bf16_hi(u.w);
+}
+
+__device__ __forceinline__ void absorb8(MaxSum& st, const uint4& u) {
+  float v[8];
+  unpack8(u, v);
+  float mx = v[0];
+#pragma unroll
+  for (int i = 1; i < 8; ++i) mx = fmaxf(mx, v[i]);
+  const float m = fmaxf(st.m, mx);
+  float s = rescale(st.s, st.m, m);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s += exp_shift(v[i], m);
+  st = {m, s};
+}
+
+// Elements before the first 16-byte boundary of a bf16 row starting at p (at most 7, at most v).
+__device__ __forceinline__ int head_elems(const uint16_t* p, int64_t v) {
+  const int h = static_cast<int>(((16u - (reinterpret_cast<uintptr_t>(p) & 15u)) & 15u) >> 1);
+  return static_cast<int>(h < v ? h : v);
+}
+
+// losses [n] f32, dlogits [n, V] bf16 or null (may alias logits), logits [n, V] bf16, targets
+// [n] i32. Grid: one block per row; dynamic shared memory: cache_vecs 16-byte vectors.
+__global__ void __launch_bounds__(1024)
+    cross_entropy_kernel(float* __restrict__ losses, uint16_t* dlogits, const uint16_t* logits,
+                         const int32_t* __restrict__ targets, int64_t V, int ignore_index,
+                         float grad_scale, int cache_vecs) {
+  extern __shared__ uint4 cache[];  // [cache_vecs] the row's first body vectors
+  __shared__ float red_m[32], red_s[32];
+  __shared__ float row_m, row_inv_s;
+  const int64_t row = blockIdx.x;
+  const uint16_t* x = logits + row * V;                  // [V]
+  uint16_t* dx = dlogits ? dlogits + row * V : nullptr;  // [V]
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int32_t t = targets[row];
+
+  if (t == ignore_index || t < 0 || t >= V) {
+    // Ignored row: loss 0, zero gradient. Bad target: NaN loss and gradient.
+    const bool bad = t != ignore_index;
+    if (tid == 0) losses[row] = bad ? __int_as_float(0x7FC00000) : 0.0f;
+    if (!dx) return;
+    const uint16_t fill = bad ? 0x7FC0u : 0u;
+    const int h = head_elems(dx, V);
+    const int64_t nvec = (V - h) / 8;
+    if (tid < h) dx[tid] = fill;
+    for (int64_t j = h + nvec * 8 + tid; j < V; j += nt) dx[j] = fill;
+    const uint32_t w = fill | (uint32_t(fill) << 16);
+    uint4* dv = reinterpret_cast<uint4*>(dx + h);
+    for (int64_t k = tid; k < nvec; k += nt) dv[k] = make_uint4(w, w, w, w);
+    return;
+  }
+
+  // ---- pass 1: online max / sum over the row --------------------------------------------------
+  const float xt = tid == 0 ? bf16_to_f32(x[t]) : 0.0f;  // read before pass 2 may overwrite it
+  const int h = head_elems(x, V);
+  const int64_t nvec = (V - h) / 8;
+  const int64_t tail0 = h + nvec * 8;
+  const uint4* xv = reinterpret_cast<const uint4*>(x + h);  // [nvec] the row's body
+  MaxSum st{-INFINITY, 0.0f};
+  if (tid < h) absorb1(st, bf16_to_f32(x[tid]));
+  for (int64_t j = tail0 + tid; j < V; j += nt) absorb1(st, bf16_to_f32(x[j]));
+  for (int64_t k0 = tid; k0 < nvec; k0 += int64_t(kUnroll) * nt) {
+    uint4 r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + int64_t(u) * nt;
+      if (k < nvec) r[u] = xv[k];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + int64_t(u) * nt;
+      if (k < nvec) {
+        if (k < cache_vecs) cache[k] = r[u];
+        absorb8(st, r[u]);
+      }
+    }
+  }
+  // Block merge in a fixed tree: butterfly within each warp, then warp 0 over the warps.
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const MaxSum other{__shfl_xor_sync(0xFFFFFFFFu, st.m, o),
+                       __shfl_xor_sync(0xFFFFFFFFu, st.s, o)};
+    st = merge(st, other);
+  }
+  const int lane = tid & 31, warp = tid >> 5;
+  if (lane == 0) red_m[warp] = st.m, red_s[warp] = st.s;
+  __syncthreads();
+  if (warp == 0) {
+    st = lane < (nt >> 5) ? MaxSum{red_m[lane], red_s[lane]} : MaxSum{-INFINITY, 0.0f};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const MaxSum other{__shfl_xor_sync(0xFFFFFFFFu, st.m, o),
+                         __shfl_xor_sync(0xFFFFFFFFu, st.s, o)};
+      st = merge(st, other);
+    }
+    if (lane == 0) {
+      // loss = (m − x_t) + log s: no cancellation between a large logsumexp and x_t.
+      losses[row] = __fadd_rn(__fsub_rn(st.m, xt), logf(st.s));
+      row_m = st.m;
+      row_inv_s = __frcp_rn(st.s);
+    }
+  }
+  if (!dx) return;
+  __syncthreads();
+
+  // ---- pass 2: dx = grad_scale · (exp(x − m) / s − [j = t]) ------------------------------------
+  const float m = row_m, inv_s = row_inv_s;
+  auto grad = [&](float xj, int64_t j) {
+    float p = exp_shift(xj, m) * inv_s;
+    if (j == t) p -= 1.0f;
+    return p * grad_scale;
+  };
+  if (((reinterpret_cast<uintptr_t>(dx) ^ reinterpret_cast<uintptr_t>(x)) & 15u) == 0) {
+    // dx has x's alignment (always so in place): vectors of dx and x coincide. Each element is
+    // read and written by the same thread, so writing in place is safe.
+    if (tid < h) dx[tid] = f32_to_bf16_rn(grad(bf16_to_f32(x[tid]), tid));
+    for (int64_t j = tail0 + tid; j < V; j += nt)
+      dx[j] = f32_to_bf16_rn(grad(bf16_to_f32(x[j]), j));
+    for (int64_t k0 = tid; k0 < nvec; k0 += int64_t(kUnroll) * nt) {
+      uint4 r[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t k = k0 + int64_t(u) * nt;
+        if (k < nvec) r[u] = k < cache_vecs ? cache[k] : xv[k];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t k = k0 + int64_t(u) * nt;
+        if (k < nvec) {
+          float v[8];
+          unpack8(r[u], v);
+          const int64_t j0 = h + 8 * k;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[i] = grad(v[i], j0 + i);
+          ops_cuda::store8(dx + j0, v);  // 16-byte aligned: j0 − h is a multiple of 8
+        }
+      }
+    }
+  } else {
+    // A separate dlogits buffer with another alignment: element by element.
+    for (int64_t j = tid; j < V; j += nt) dx[j] = f32_to_bf16_rn(grad(bf16_to_f32(x[j]), j));
+  }
+}
+
+}  // namespace
+
+void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView* dlogits,
+                        const TensorView& logits, const TensorView& targets, int ignore_index,
+                        float grad_scale) {
+  const int64_t n = logits.size(0), V = logits.size(1);
+  LOWBIT_CHECK(n <= INT32_MAX, "cross_entropy: {} rows exceed the grid", n);
+  const int threads = V <= 4096 ? 128 : V <= 16384 ? 256 : V <= 65536 ? 512 : 1024;
+  // Body vectors of a row (its alignment, hence its head, varies by row for odd V: take the
+  // largest count).
+  const int64_t nvec = V / 8;
+  const int cache_vecs = static_cast<int>(std::min<int64_t>(nvec, kMaxCacheBytes / 16));
+  const size_t smem = static_cast<size_t>(cache_vecs) * 16;
+  LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(
+      cross_entropy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxCacheBytes));
+  cross_entropy_kernel<<<static_cast<unsigned>(n), threads, smem, ctx.stream()>>>(
+      losses.ptr<float>(), dlogits ? dlogits->ptr<uint16_t>() : nullptr,
+      logits.ptr<const uint16_t>(), targets.ptr<const int32_t>(), V, ignore_index, grad_scale,
+      cache_vecs);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace lowbit::ops_detail

@@ -1,0 +1,32 @@
+// Private to the ops layer: the two implementations behind cross_entropy_fwd_bwd
+// (include/lowbit/ops.h). Arguments have been validated by the dispatcher (cross_entropy.cpp).
+//
+// Per row x [V] with target t (not ignore_index), m = max_j x_j (NaN ignored):
+//   s    = Σ_j e_j,  e_j = exp(x_j − m)  (e_j = 0 for x_j = −inf, also when m = −inf)
+//   loss = (m − x_t) + log s            (= logsumexp(x) − x_t, without cancelling large terms)
+//   dx_j = grad_scale · (e_j / s − [j = t])
+// Ignored rows: loss 0 and a zero gradient row. Specials follow from IEEE arithmetic on these
+// formulas: a NaN or +inf logit makes the row's loss and gradient NaN; a row of −inf only too; a
+// target logit of −inf (others finite) gives loss +inf.
+#pragma once
+
+#include "lowbit/core.h"
+
+namespace lowbit::ops_detail {
+
+// CPU twin (cross_entropy_ref.cpp): logits and dlogits bf16 or f32 (each independently);
+// s, the loss and the gradient in fp64, rounded once to the output's dtype (the gradient through
+// fp32). Throws UserError for a target outside [0, V) that is not ignore_index, before writing
+// anything. dlogits may alias logits.
+void cross_entropy_cpu(const TensorView& losses, const TensorView* dlogits,
+                       const TensorView& logits, const TensorView& targets, int ignore_index,
+                       float grad_scale);
+
+// CUDA (cross_entropy.cu), bf16, on ctx.stream(): one block per row, the row read once with an
+// online max/sum in fp32 (the first part of the row kept in shared memory), then the gradient
+// written in a second pass. A bad target gives a NaN loss and a NaN gradient row.
+void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView* dlogits,
+                        const TensorView& logits, const TensorView& targets, int ignore_index,
+                        float grad_scale);
+
+}  // namespace lowbit::ops_detail

@@ -1,0 +1,59 @@
+// CPU twin of the token embedding: a row gather and its deterministic scatter-add.
+#include <algorithm>
+#include <vector>
+
+#include "ops/embedding_impl.h"
+#include "ops/ops_check.h"
+
+namespace lowbit::ops_detail {
+
+namespace {
+
+void check_tokens(const char* op, const TensorView& tokens, int64_t vocab) {
+  const int32_t* tok = tokens.ptr<const int32_t>();  // [N]
+  for (int64_t n = 0; n < tokens.numel(); ++n) {
+    LOWBIT_USER_CHECK(tok[n] >= 0 && tok[n] < vocab,
+                      "{}: tokens[{}] = {} is outside the vocabulary [0, {}) of the table", op, n,
+                      tok[n], vocab);
+  }
+}
+
+}  // namespace
+
+void embedding_fwd_cpu(const TensorView& out, const TensorView& tokens, const TensorView& table) {
+  const int64_t n_rows = out.size(0), d = out.size(1);
+  check_tokens("embedding_fwd", tokens, table.size(0));
+  const int32_t* tok = tokens.ptr<const int32_t>();  // [N]
+  std::vector<float> row(d);                         // [D]
+  for (int64_t n = 0; n < n_rows; ++n) {
+    load_row(table, int64_t(tok[n]) * d, d, row.data());
+    store_row(out, n * d, d, row.data());
+  }
+}
+
+void embedding_bwd_cpu(const TensorView& dtable, const TensorView& tokens, const TensorView& dout) {
+  const int64_t n_rows = dout.size(0), d = dout.size(1), vocab = dtable.size(0);
+  check_tokens("embedding_bwd", tokens, vocab);
+  const int32_t* tok = tokens.ptr<const int32_t>();  // [N]
+  // Stable counting sort of positions by token: order[start[v] .. start[v+1]) lists, in
+  // increasing position, the rows whose token is v.
+  std::vector<int64_t> start(vocab + 1, 0), order(n_rows);
+  for (int64_t n = 0; n < n_rows; ++n) ++start[tok[n] + 1];
+  for (int64_t v = 0; v < vocab; ++v) start[v + 1] += start[v];
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t n = 0; n < n_rows; ++n) order[fill[tok[n]]++] = n;
+
+  std::vector<float> acc(d), row(d);  // [D] each
+  float* dt = dtable.ptr<float>();    // [V, D]
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (start[v] == start[v + 1]) continue;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t k = start[v]; k < start[v + 1]; ++k) {
+      load_row(dout, order[k] * d, d, row.data());
+      for (int64_t i = 0; i < d; ++i) acc[i] += row[i];
+    }
+    for (int64_t i = 0; i < d; ++i) dt[v * d + i] += acc[i];
+  }
+}
+
+}  // namespace lowbit::ops_detail

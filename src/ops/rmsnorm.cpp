@@ -1,0 +1,82 @@
+// rmsnorm_fwd / rmsnorm_bwd: argument checks and dispatch by device.
+#include <cmath>
+
+#include "lowbit/ops.h"
+#include "ops/ops_check.h"
+#include "ops/rmsnorm_impl.h"
+
+namespace lowbit {
+
+using namespace ops_detail;
+
+namespace {
+
+// x [N, D] and w [D], shared by both directions.
+void check_x_w(const char* op, const TensorView& x, const TensorView& w) {
+  check_rank(op, "x", "[N, D]", x, 2);
+  check_rank(op, "w", "[D]", w, 1);
+  check_float(op, "x", x, DType::kBF16);
+  check_float(op, "w", w, DType::kBF16);
+  LOWBIT_USER_CHECK(w.size(0) == x.size(1), "{}: w [D] has {} elements but x [N, D] has D = {}", op,
+                    w.size(0), x.size(1));
+  check_contiguous(op, "x", x);
+  check_contiguous(op, "w", w);
+}
+
+void check_rstd(const char* op, const TensorView& rstd, const TensorView& x) {
+  check_rank(op, "rstd", "[N]", rstd, 1);
+  check_dtype(op, "rstd", rstd, DType::kF32);
+  LOWBIT_USER_CHECK(rstd.size(0) == x.size(0),
+                    "{}: rstd [N] has {} entries but x [N, D] has N = {} rows", op, rstd.size(0),
+                    x.size(0));
+  check_contiguous(op, "rstd", rstd);
+}
+
+}  // namespace
+
+void rmsnorm_fwd(Context& ctx, const TensorView& out, const TensorView& rstd, const TensorView& x,
+                 const TensorView& w, float eps) {
+  const char* op = "rmsnorm_fwd";
+  check_devices(op, ctx, {{"out", &out}, {"rstd", &rstd}, {"x", &x}, {"w", &w}});
+  check_x_w(op, x, w);
+  check_float(op, "out", out, DType::kBF16);
+  check_same_shape(op, "out", out, "x", x);
+  check_contiguous(op, "out", out);
+  check_rstd(op, rstd, x);
+  LOWBIT_USER_CHECK(std::isfinite(eps) && eps >= 0.0f,
+                    "{}: eps must be finite and non-negative, got {}", op, eps);
+  LOWBIT_USER_CHECK(x.size(1) > 0 || x.size(0) == 0, "{}: x {} has rows of width 0", op, x.str());
+  if (x.numel() == 0) return;
+  if (ctx.on_gpu()) {
+    rmsnorm_fwd_cuda(ctx, out, rstd, x, w, eps);
+  } else {
+    rmsnorm_fwd_cpu(out, rstd, x, w, eps);
+  }
+}
+
+void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const TensorView& dout,
+                 const TensorView& x, const TensorView& w, const TensorView& rstd) {
+  const char* op = "rmsnorm_bwd";
+  check_devices(op, ctx,
+                {{"dx", &dx}, {"dw", &dw}, {"dout", &dout}, {"x", &x}, {"w", &w}, {"rstd", &rstd}});
+  check_x_w(op, x, w);
+  check_float(op, "dx", dx, DType::kBF16);
+  check_float(op, "dout", dout, DType::kBF16);
+  check_same_shape(op, "dx", dx, "x", x);
+  check_same_shape(op, "dout", dout, "x", x);
+  check_contiguous(op, "dx", dx);
+  check_contiguous(op, "dout", dout);
+  check_rank(op, "dw", "[D]", dw, 1);
+  check_dtype(op, "dw", dw, DType::kF32);
+  check_same_shape(op, "dw", dw, "w", w);
+  check_contiguous(op, "dw", dw);
+  check_rstd(op, rstd, x);
+  if (x.numel() == 0) return;
+  if (ctx.on_gpu()) {
+    rmsnorm_bwd_cuda(ctx, dx, dw, dout, x, w, rstd);
+  } else {
+    rmsnorm_bwd_cpu(dx, dw, dout, x, w, rstd);
+  }
+}
+
+}  // namespace lowbit

@@ -1,0 +1,26 @@
+// Private to the ops layer: the two implementations behind rmsnorm_fwd / rmsnorm_bwd
+// (include/lowbit/ops.h). Arguments have been validated by the dispatcher (rmsnorm.cpp).
+#pragma once
+
+#include "lowbit/core.h"
+
+namespace lowbit::ops_detail {
+
+// CPU twin (rmsnorm_ref.cpp); x, w, out, dout, dx bf16 or f32 (each independently).
+// Forward, per row n: ms = Σ x² / D (sum in fp64, rounded to fp32), rstd = 1 / sqrt(ms + eps)
+// (fp32), out = (x · rstd) · w (fp32, rounded once to out's dtype).
+void rmsnorm_fwd_cpu(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                     const TensorView& w, float eps);
+// Backward, per row: g = dout · w, mean = Σ g·x / D (fp64 sum), c = (mean · rstd) · rstd,
+// dx = rstd · (g − x · c); dw += Σ_n (x · rstd) · dout (fp64 over rows, added once).
+void rmsnorm_bwd_cpu(const TensorView& dx, const TensorView& dw, const TensorView& dout,
+                     const TensorView& x, const TensorView& w, const TensorView& rstd);
+
+// CUDA (rmsnorm.cu), bf16 tensors, on ctx.stream(); the same formulas with fp32 sums.
+void rmsnorm_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& rstd,
+                      const TensorView& x, const TensorView& w, float eps);
+void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
+                      const TensorView& dout, const TensorView& x, const TensorView& w,
+                      const TensorView& rstd);
+
+}  // namespace lowbit::ops_detail

@@ -1,0 +1,54 @@
+// CPU twin of RMSNorm: the definition of the op (formulas in rmsnorm_impl.h).
+#include <cmath>
+#include <vector>
+
+#include "ops/ops_check.h"
+#include "ops/rmsnorm_impl.h"
+
+namespace lowbit::ops_detail {
+
+void rmsnorm_fwd_cpu(const TensorView& out, const TensorView& rstd, const TensorView& x,
+                     const TensorView& w, float eps) {
+  const int64_t n_rows = x.size(0), d = x.size(1);
+  std::vector<float> xr(d), wr(d), yr(d);  // [D] each
+  load_row(w, 0, d, wr.data());
+  float* rs = rstd.ptr<float>();  // [N]
+  for (int64_t n = 0; n < n_rows; ++n) {
+    load_row(x, n * d, d, xr.data());
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += double(xr[i]) * double(xr[i]);
+    const float ms = static_cast<float>(ss / double(d));
+    const float r = 1.0f / std::sqrt(ms + eps);
+    rs[n] = r;
+    for (int64_t i = 0; i < d; ++i) yr[i] = (xr[i] * r) * wr[i];
+    store_row(out, n * d, d, yr.data());
+  }
+}
+
+void rmsnorm_bwd_cpu(const TensorView& dx, const TensorView& dw, const TensorView& dout,
+                     const TensorView& x, const TensorView& w, const TensorView& rstd) {
+  const int64_t n_rows = x.size(0), d = x.size(1);
+  std::vector<float> xr(d), wr(d), gr(d), dxr(d);  // [D] each
+  std::vector<double> dw_acc(d, 0.0);              // [D]
+  load_row(w, 0, d, wr.data());
+  const float* rs = rstd.ptr<const float>();  // [N]
+  for (int64_t n = 0; n < n_rows; ++n) {
+    load_row(x, n * d, d, xr.data());
+    load_row(dout, n * d, d, gr.data());  // dout for now
+    const float r = rs[n];
+    double dot = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      dw_acc[i] += double((xr[i] * r) * gr[i]);
+      gr[i] = gr[i] * wr[i];  // g = dout · w
+      dot += double(gr[i]) * double(xr[i]);
+    }
+    const float mean = static_cast<float>(dot / double(d));
+    const float c = (mean * r) * r;
+    for (int64_t i = 0; i < d; ++i) dxr[i] = r * (gr[i] - xr[i] * c);
+    store_row(dx, n * d, d, dxr.data());
+  }
+  float* dwp = dw.ptr<float>();  // [D]
+  for (int64_t i = 0; i < d; ++i) dwp[i] = static_cast<float>(double(dwp[i]) + dw_acc[i]);
+}
+
+}  // namespace lowbit::ops_detail

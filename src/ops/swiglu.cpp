@@ -1,0 +1,56 @@
+// swiglu_fwd / swiglu_bwd: argument checks and dispatch by device.
+#include "lowbit/ops.h"
+#include "ops/ops_check.h"
+#include "ops/swiglu_impl.h"
+
+namespace lowbit {
+
+using namespace ops_detail;
+
+namespace {
+
+// rows [N, F] (out or dout) against gate_up [N, 2F].
+void check_rows(const char* op, const char* name, const TensorView& rows,
+                const TensorView& gate_up) {
+  check_rank(op, name, "[N, F]", rows, 2);
+  check_rank(op, "gate_up", "[N, 2F]", gate_up, 2);
+  check_float(op, name, rows, DType::kBF16);
+  check_float(op, "gate_up", gate_up, DType::kBF16);
+  LOWBIT_USER_CHECK(gate_up.size(0) == rows.size(0) && gate_up.size(1) == 2 * rows.size(1),
+                    "{}: gate_up must be [N, 2F] = [{}, {}] for {} [N, F] = {}, got {}", op,
+                    rows.size(0), 2 * rows.size(1), name, rows.shape.str(), gate_up.shape.str());
+  check_contiguous(op, name, rows);
+  check_contiguous(op, "gate_up", gate_up);
+}
+
+}  // namespace
+
+void swiglu_fwd(Context& ctx, const TensorView& out, const TensorView& gate_up) {
+  const char* op = "swiglu_fwd";
+  check_devices(op, ctx, {{"out", &out}, {"gate_up", &gate_up}});
+  check_rows(op, "out", out, gate_up);
+  if (out.numel() == 0) return;
+  if (ctx.on_gpu()) {
+    swiglu_fwd_cuda(ctx, out, gate_up);
+  } else {
+    swiglu_fwd_cpu(out, gate_up);
+  }
+}
+
+void swiglu_bwd(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
+                const TensorView& gate_up) {
+  const char* op = "swiglu_bwd";
+  check_devices(op, ctx, {{"dgate_up", &dgate_up}, {"dout", &dout}, {"gate_up", &gate_up}});
+  check_rows(op, "dout", dout, gate_up);
+  check_float(op, "dgate_up", dgate_up, DType::kBF16);
+  check_same_shape(op, "dgate_up", dgate_up, "gate_up", gate_up);
+  check_contiguous(op, "dgate_up", dgate_up);
+  if (dout.numel() == 0) return;
+  if (ctx.on_gpu()) {
+    swiglu_bwd_cuda(ctx, dgate_up, dout, gate_up);
+  } else {
+    swiglu_bwd_cpu(dgate_up, dout, gate_up);
+  }
+}
+
+}  // namespace lowbit

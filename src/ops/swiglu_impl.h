@@ -1,0 +1,64 @@
+// Private to the ops layer: the two implementations behind swiglu_fwd / swiglu_bwd
+// (include/lowbit/ops.h) and the per-element math both use. Arguments have been validated by the
+// dispatcher (swiglu.cpp).
+#pragma once
+
+#include <cmath>
+
+#include "lowbit/core.h"
+#include "lowbit/core/hd.h"
+
+namespace lowbit::ops_detail {
+
+// Per element, in fp32 with every operation rounded separately (RN, no FMA). Only exp differs
+// between the twins (the GPU's expf is within 2 ulp), so CPU and GPU agree to a few fp32 ulps
+// before the final rounding to bf16.
+//   s = 1 / (1 + exp(−g)),  silu = g · s,  out = silu · u;
+//   backward: dsilu = s · (1 + g · (1 − s)),  dg = (dout · u) · dsilu,  du = dout · silu.
+struct SwigluGrad {
+  float dg, du;
+};
+
+LOWBIT_HD float swiglu_sigmoid(float g) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
+#else
+  return 1.0f / (1.0f + std::exp(-g));
+#endif
+}
+
+LOWBIT_HD float swiglu_out(float g, float u) {
+  const float s = swiglu_sigmoid(g);
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(__fmul_rn(g, s), u);
+#else
+  const float silu = g * s;
+  return silu * u;
+#endif
+}
+
+LOWBIT_HD SwigluGrad swiglu_grad(float g, float u, float dout) {
+  const float s = swiglu_sigmoid(g);
+#if defined(__CUDA_ARCH__)
+  const float silu = __fmul_rn(g, s);
+  const float dsilu = __fmul_rn(s, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, s))));
+  return {__fmul_rn(__fmul_rn(dout, u), dsilu), __fmul_rn(dout, silu)};
+#else
+  const float silu = g * s;
+  const float one_minus_s = 1.0f - s;
+  const float g_oms = g * one_minus_s;
+  const float dsilu = s * (1.0f + g_oms);
+  const float dout_u = dout * u;
+  return {dout_u * dsilu, dout * silu};
+#endif
+}
+
+// CPU twin (swiglu_ref.cpp): gate_up [N, 2F], out/dout [N, F], dgate_up [N, 2F], bf16|f32.
+void swiglu_fwd_cpu(const TensorView& out, const TensorView& gate_up);
+void swiglu_bwd_cpu(const TensorView& dgate_up, const TensorView& dout, const TensorView& gate_up);
+// CUDA (swiglu.cu), bf16, on ctx.stream().
+void swiglu_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& gate_up);
+void swiglu_bwd_cuda(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
+                     const TensorView& gate_up);
+
+}  // namespace lowbit::ops_detail

@@ -1,0 +1,424 @@
+// The training loop: data → micro-batches → forward/backward → clip → AdamW → delayed-scaling
+// update, with evaluation, metrics, checkpoints and a sample at the end.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "lowbit/core/sysinfo.h"
+#include "lowbit/train.h"
+#include "lowbit/train/checkpoint.h"
+#include "lowbit/train/metrics.h"
+#include "lowbit/train/schedule.h"
+#include "train/train_data.h"
+
+namespace lowbit {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Dense BF16 tensor-core peak of the GPUs whose MFU we report (FLOP/s); 0 when unknown.
+double bf16_peak_flops(const GpuInfo& g) {
+  const std::string& n = g.name;
+  if (n.find("H100") != std::string::npos || n.find("H200") != std::string::npos ||
+      n.find("H800") != std::string::npos || n.find("GH200") != std::string::npos) {
+    return n.find("PCIe") != std::string::npos ? 756e12 : 989.4e12;
+  }
+  if (n.find("B200") != std::string::npos) return 2250e12;
+  if (n.find("A100") != std::string::npos) return 312e12;
+  return 0;
+}
+
+Recipe default_recipe(const GpuInfo* gpu) {
+  // FP8 with delayed scaling where it runs natively, and on the CPU (emulated, the same
+  // numbers); BF16 on GPUs without FP8 tensor cores.
+  if (gpu == nullptr) return Recipe::kFP8;
+  return recipe_support(Recipe::kFP8, gpu).level == SupportLevel::kNative ? Recipe::kFP8
+                                                                          : Recipe::kBF16;
+}
+
+void check_recipe_runs(Recipe r, const GpuInfo* gpu) {
+  const RecipeSupport s = recipe_support(r, gpu);
+  if (s.level != SupportLevel::kUnavailable) return;
+  std::string ok;
+  for (Recipe o : kAllRecipes) {
+    if (recipe_support(o, gpu).level != SupportLevel::kUnavailable) {
+      ok += fmt::format("{}{}", ok.empty() ? "" : ", ", recipe_name(o));
+    }
+  }
+  throw UserError(fmt::format("recipe {} cannot run on {}: {}. Recipes that can: {}",
+                              recipe_name(r), gpu ? gpu->name : "the CPU", s.reason, ok));
+}
+
+void check_options(const TrainOptions& o) {
+  auto bad = [](const std::string& what) { throw UserError(what); };
+  if (o.batch_size < 1) bad(fmt::format("--batch_size must be ≥ 1 (got {})", o.batch_size));
+  if (o.seq_len < 2) bad(fmt::format("--seq_len must be ≥ 2 (got {})", o.seq_len));
+  if (o.grad_accum_steps < 1) {
+    bad(fmt::format("--grad_accum_steps must be ≥ 1 (got {})", o.grad_accum_steps));
+  }
+  if (o.total_steps < 0) bad(fmt::format("--total_steps must be ≥ 0 (got {})", o.total_steps));
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) bad(fmt::format("--lr must be > 0 (got {})", o.lr));
+  if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1)) {
+    bad(fmt::format("--min_lr_ratio must be in [0, 1] (got {})", o.min_lr_ratio));
+  }
+  if (!(o.weight_decay >= 0)) bad("--weight_decay must be ≥ 0");
+  if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1)) {
+    bad("AdamW betas must be in [0, 1)");
+  }
+  if (!(o.val_fraction >= 0 && o.val_fraction < 0.5)) {
+    bad(fmt::format("--val_fraction must be in [0, 0.5) (got {})", o.val_fraction));
+  }
+  if (o.eval_batches < 1) bad("--eval_batches must be ≥ 1");
+  if (!o.resume.empty() && !o.init_from.empty()) {
+    bad("--resume and --init-from exclude each other: --resume continues a run (optimizer and "
+        "data position included), --init-from starts a new run from its weights");
+  }
+}
+
+ModelConfig build_model_config(const TrainOptions& o, int64_t vocab) {
+  ModelConfig c = model_preset(o.preset);
+  if (!o.model_config.empty()) c = model_config_from_file(o.model_config, c);
+  if (o.d_model > 0) c.d_model = o.d_model;
+  if (o.n_layers > 0) c.n_layers = o.n_layers;
+  if (o.n_heads > 0) c.n_heads = o.n_heads;
+  if (o.n_kv_heads > 0) c.n_kv_heads = o.n_kv_heads;
+  if (o.ffn_hidden > 0) c.ffn_hidden = o.ffn_hidden;
+  if (o.d_model > 0 && o.n_heads == 0 && c.d_model % c.n_heads != 0) {
+    throw UserError(
+        fmt::format("--d_model {} is not a multiple of the preset's {} heads; give "
+                    "--n_heads too",
+                    c.d_model, c.n_heads));
+  }
+  if (c.n_kv_heads > c.n_heads) c.n_kv_heads = c.n_heads;
+  // The embedding table rounds the tokenizer's vocabulary up to a multiple of 64 (aligned
+  // GEMMs); the extra rows are never a target and learn to stay unlikely.
+  const int64_t padded = (vocab + 63) / 64 * 64;
+  if (c.vocab_size == 0) {
+    c.vocab_size = padded;
+  } else if (c.vocab_size < vocab) {
+    throw UserError(fmt::format("the model's vocab_size {} is smaller than the tokenizer's {}",
+                                c.vocab_size, vocab));
+  }
+  c.max_seq_len = std::max(c.max_seq_len, o.seq_len);
+  c.validate();
+  return c;
+}
+
+// Per-linear delayed-scaling records (recipe fp8): the amax of the last finished step (history
+// row 1 after the update) and the scale now in use, for x, w (forward) and dy (backward).
+std::string fp8_stats_json(const LlamaModel& model) {
+  nlohmann::json out = nlohmann::json::object();
+  const DelayedScalingState* f = model.fp8_forward_state();
+  const DelayedScalingState* b = model.fp8_backward_state();
+  if (f == nullptr || b == nullptr) return out.dump();
+  const Tensor fh = Tensor::copy_of(f->amax_history(), Device::cpu());
+  const Tensor fs = Tensor::copy_of(f->scale(), Device::cpu());
+  const Tensor bh = Tensor::copy_of(b->amax_history(), Device::cpu());
+  const Tensor bs = Tensor::copy_of(b->scale(), Device::cpu());
+  const int L = model.config().n_layers;
+  const int64_t row = f->history_len() > 1 ? 1 : 0;
+  for (int lin = 0; lin <= L * kLinearsPerBlock; ++lin) {
+    const LinearPrecision& p =
+        lin == L * kLinearsPerBlock ? model.plan().head : model.plan().linears[lin];
+    if (p.recipe != Recipe::kFP8) continue;
+    const std::string name =
+        lin == L * kLinearsPerBlock
+            ? std::string("lm_head")
+            : fmt::format("{}.{}", lin / kLinearsPerBlock,
+                          linear_kind_name(static_cast<LinearKind>(lin % kLinearsPerBlock)));
+    auto rec = [&](const Tensor& h, const Tensor& s, int slots, int slot) {
+      nlohmann::json r;
+      r["amax"] = h.ptr<float>()[row * slots + slot];
+      r["scale"] = s.ptr<float>()[slot];
+      return r;
+    };
+    nlohmann::json e;
+    e["x"] = rec(fh, fs, f->num_slots(), 2 * lin);
+    e["w"] = rec(fh, fs, f->num_slots(), 2 * lin + 1);
+    e["dy"] = rec(bh, bs, b->num_slots(), lin);
+    out[name] = e;
+  }
+  return out.dump();
+}
+
+struct Sampler {
+  uint64_t state;
+  double next() {  // uniform [0, 1)
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return double(state >> 11) * (1.0 / 9007199254740992.0);
+  }
+};
+
+}  // namespace
+
+TrainResult train(const TrainOptions& opt) {
+  check_options(opt);
+  const auto t_start = Clock::now();
+  Context ctx = opt.force_cpu ? Context(Device::cpu()) : Context::create_default();
+  ctx.set_seed(opt.seed);
+  std::vector<GpuInfo> gpus = ctx.on_gpu() ? list_gpus() : std::vector<GpuInfo>();
+  const GpuInfo* gpu = ctx.on_gpu() && !gpus.empty() ? &gpus[ctx.device().index] : nullptr;
+  const Recipe recipe = opt.recipe ? *opt.recipe : default_recipe(gpu);
+  check_recipe_runs(recipe, gpu);
+  std::filesystem::create_directories(opt.out_dir);
+
+  // ---- data ----
+  train_detail::TrainData data = train_detail::open_train_data(opt);
+  const ModelConfig mcfg = build_model_config(opt, data.vocab_size());
+  const PrecisionPlan plan = resolve_precision(recipe, mcfg, opt.precision);
+  std::printf("lowbit train: %s model (%.1fM parameters), %s, on %s\n", mcfg.preset.c_str(),
+              mcfg.num_params() / 1e6, recipe_name(recipe), gpu ? gpu->name.c_str() : "the CPU");
+  std::printf("%s\n", data.describe().c_str());
+  std::printf("%s\n", plan.describe().c_str());
+
+  LlamaModel model(mcfg, plan, ctx);
+  TrainResult result;
+  int64_t start_step = 0;
+  int64_t tokens_seen = 0;
+  if (!opt.resume.empty()) {
+    const std::string prev = checkpoint_recipe(opt.resume);
+    const CheckpointState st = load_checkpoint(opt.resume, model, /*load_optimizer=*/true);
+    start_step = st.step;
+    tokens_seen = st.tokens;
+    data.restore(st.data_state_json);
+    ctx.set_seed(st.rng_seed);
+    for (uint64_t i = 0; i < st.rng_offset; ++i) ctx.take_rng_offset();
+    std::printf(
+        "resumed from %s at step %lld%s\n", opt.resume.c_str(), static_cast<long long>(start_step),
+        prev == recipe_name(recipe)
+            ? ""
+            : fmt::format(" (checkpoint recipe {}, continuing in {})", prev, recipe_name(recipe))
+                  .c_str());
+  } else if (!opt.init_from.empty()) {
+    init_weights_from(opt.init_from, model);
+    std::printf("initialised weights from %s\n", opt.init_from.c_str());
+  } else {
+    model.init_weights(opt.seed);
+  }
+  mem_reset_peaks(ctx.device());
+
+  const ParamArena& arena = model.params();
+  const std::vector<ParamSegment>& segs = arena.segments();
+  const Device dev = ctx.device();
+  Tensor sumsq = Tensor::zeros({static_cast<int64_t>(segs.size())}, DType::kF32, dev);
+  Tensor norm = Tensor::zeros({1}, DType::kF32, dev);
+  Tensor coef = Tensor::zeros({1}, DType::kF32, dev);
+  Tensor skip = Tensor::zeros({1}, DType::kI32, dev);
+
+  LrSchedule sched;
+  sched.peak_lr = opt.lr;
+  sched.min_lr = opt.lr * opt.min_lr_ratio;
+  sched.total_steps = opt.total_steps;
+  sched.warmup_steps = opt.warmup_steps >= 0 ? opt.warmup_steps : opt.total_steps / 20;
+
+  MetricsWriter metrics(opt.out_dir + "/metrics.jsonl", start_step);
+  const int B = opt.batch_size, T = opt.seq_len;
+  const double flops_per_token = mcfg.train_flops_per_token(T);
+  const double peak = gpu ? bf16_peak_flops(*gpu) : 0.0;
+  ProgressBar progress(opt.total_steps, start_step);
+
+  auto evaluate = [&]() {
+    double loss = 0;
+    int64_t n = 0;
+    data.reset_validation();
+    for (int i = 0; i < opt.eval_batches; ++i) {
+      train_detail::Batch b;
+      if (!data.next_validation(B, T, b)) break;
+      const StepStats s = model.forward_loss(b.tokens, b.targets, B, T);
+      loss += s.loss_sum;
+      n += s.valid_tokens;
+    }
+    return n > 0 ? loss / double(n) : -1.0;
+  };
+
+  auto save = [&](int64_t step) {
+    const std::string dir = fmt::format("{}/checkpoint", opt.out_dir);
+    CheckpointState st;
+    st.step = step;
+    st.tokens = tokens_seen;
+    st.data_state_json = data.state_json();
+    st.train_config_json = "{}";
+    st.rng_seed = ctx.seed();
+    st.rng_offset = ctx.take_rng_offset();
+    save_checkpoint(dir, model, st);
+    result.checkpoint_dir = dir;
+  };
+
+  int64_t skipped = 0;
+  int64_t step = start_step;
+  bool first = true;
+  for (; step < opt.total_steps; ++step) {
+    if (opt.time_limit_minutes > 0 && seconds_since(t_start) > opt.time_limit_minutes * 60) {
+      std::printf("time limit of %.1f minutes reached at step %lld\n", opt.time_limit_minutes,
+                  static_cast<long long>(step));
+      break;
+    }
+    const auto t0 = Clock::now();
+    const float lr = static_cast<float>(sched.lr_at(step));
+    // All micro-batches first: the loss gradient of every token is scaled by 1 / (valid
+    // tokens of the whole step), known on the host before the backward.
+    std::vector<train_detail::Batch> micro(opt.grad_accum_steps);
+    int64_t valid = 0;
+    for (auto& b : micro) {
+      data.next_train(B, T, b);
+      valid += b.valid;
+    }
+    fill_bytes(arena.grad_all, 0);
+    model.quantize_weights();
+    double loss_sum = 0;
+    for (auto& b : micro) {
+      ForwardOptions fo;
+      fo.activation_checkpointing = opt.activation_checkpointing;
+      fo.loss_chunk_rows = opt.loss_chunk_rows;
+      const StepStats s = model.forward_backward(b.tokens, b.targets, B, T,
+                                                 1.0f / float(std::max<int64_t>(valid, 1)), fo);
+      loss_sum += s.loss_sum;
+    }
+    tokens_seen += int64_t(B) * T * opt.grad_accum_steps;
+    segment_sumsq(ctx, sumsq, arena.grad_all, segs);
+    clip_coefficient(ctx, norm, coef, skip, sumsq, opt.grad_clip);
+    AdamWConfig ac;
+    ac.lr = lr;
+    ac.beta1 = opt.beta1;
+    ac.beta2 = opt.beta2;
+    ac.eps = opt.adam_eps;
+    ac.weight_decay = opt.weight_decay;
+    ac.step = step + 1 - skipped;
+    const TensorView compute = arena.compute_all.view();
+    adamw_step(ctx, arena.master_all, arena.grad_all, arena.m_all, arena.v_all, &compute, segs, ac,
+               coef, skip);
+    if (DelayedScalingState* s = model.fp8_forward_state()) s->update(&ctx);
+    if (DelayedScalingState* s = model.fp8_backward_state()) s->update(&ctx);
+    // One read-back per step: the norm and the guard's verdict.
+    const Tensor nh = Tensor::copy_of(norm, Device::cpu());
+    const Tensor kh = Tensor::copy_of(skip, Device::cpu());
+    const double gnorm = nh.ptr<float>()[0];
+    const double loss = loss_sum / double(std::max<int64_t>(valid, 1));
+    const bool skipped_now = kh.ptr<int32_t>()[0] != 0 || !std::isfinite(loss);
+    if (skipped_now) {
+      ++skipped;
+      const Tensor sh = Tensor::copy_of(sumsq, Device::cpu());
+      std::string where = "none (the loss itself)";
+      for (size_t i = 0; i < segs.size(); ++i) {
+        if (!std::isfinite(sh.ptr<float>()[i])) {
+          where = arena.params()[i].name;
+          break;
+        }
+      }
+      std::printf(
+          "step %lld: non-finite loss or gradient, update skipped (first non-finite "
+          "gradient: %s; %lld skipped so far)\n",
+          static_cast<long long>(step), where.c_str(), static_cast<long long>(skipped));
+    }
+    const double dt = seconds_since(t0);
+    const double tok_s = double(B) * T * opt.grad_accum_steps / dt;
+    const double mfu = peak > 0 ? flops_per_token * tok_s / peak : -1.0;
+    if (first) result.first_loss = loss;
+    first = false;
+    result.last_loss = loss;
+
+    nlohmann::json m;
+    m["step"] = step + 1;
+    m["loss"] = loss;
+    m["lr"] = lr;
+    m["grad_norm"] = gnorm;
+    m["tokens_per_s"] = tok_s;
+    m["step_time_ms"] = dt * 1e3;
+    if (mfu >= 0) m["mfu"] = mfu;
+    m["tokens"] = tokens_seen;
+    m["skipped"] = skipped_now;
+    const MemStats ms = mem_stats(dev);
+    nlohmann::json mem;
+    for (int c = 0; c < kNumMemCategories; ++c) {
+      mem[std::string(mem_category_name(static_cast<MemCategory>(c)))] =
+          ms.by_category[c].peak_bytes;
+    }
+    mem["total"] = ms.total.peak_bytes;
+    m["peak_mem_bytes"] = mem;
+    if (opt.stats_every > 0 && (step + 1) % opt.stats_every == 0) {
+      m["fp8"] = nlohmann::json::parse(fp8_stats_json(model));
+    }
+    if (opt.eval_every > 0 && ((step + 1) % opt.eval_every == 0 || step + 1 == opt.total_steps)) {
+      result.val_loss = evaluate();
+      if (result.val_loss >= 0) {
+        m["val_loss"] = result.val_loss;
+        m["val_ppl"] = std::exp(result.val_loss);
+      }
+    }
+    metrics.write(m.dump());
+    ProgressBar::Line line;
+    line.step = step + 1;
+    line.loss = loss;
+    line.lr = lr;
+    line.grad_norm = gnorm;
+    line.tokens_per_s = tok_s;
+    line.mfu = mfu;
+    line.val_loss = m.contains("val_loss") ? result.val_loss : -1.0;
+    const bool log_now = opt.log_every > 0 && ((step + 1) % opt.log_every == 0 ||
+                                               step + 1 == opt.total_steps || step == start_step);
+    progress.update(line, log_now || line.val_loss >= 0);
+    if (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0 &&
+        step + 1 < opt.total_steps) {
+      save(step + 1);
+    }
+  }
+  progress.finish();
+  result.steps_done = step - start_step;
+  result.skipped_steps = skipped;
+  if (result.steps_done > 0) save(step);
+  const MemStats ms = mem_stats(dev);
+  std::printf("peak memory: %s\n", format_mem_stats(ms).c_str());
+  std::printf("trained %lld steps in %.1f s; %s%s\n", static_cast<long long>(result.steps_done),
+              seconds_since(t_start),
+              result.checkpoint_dir.empty() ? "no checkpoint written"
+                                            : ("checkpoint: " + result.checkpoint_dir).c_str(),
+              skipped ? fmt::format("; {} steps skipped (non-finite)", skipped).c_str() : "");
+
+  if (opt.sample_tokens > 0) {
+    // Temperature 0.8, top-k 40 sample from the prompt, recomputing the whole window per token
+    // (short samples; `lowbit generate` is the KV-cached path).
+    std::vector<int32_t> ids = data.encode(opt.sample_prompt);
+    const size_t prompt_len = ids.size();
+    Sampler rng{opt.seed ^ 0x9E3779B97F4A7C15ULL};
+    const int64_t V = data.vocab_size();
+    for (int i = 0; i < opt.sample_tokens; ++i) {
+      const int n = static_cast<int>(std::min<size_t>(ids.size(), size_t(mcfg.max_seq_len)));
+      Tensor tok = Tensor::empty({1, n}, DType::kI32, Device::cpu());
+      std::copy(ids.end() - n, ids.end(), tok.ptr<int32_t>());
+      std::vector<float> logits = model.last_logits(tok, 1, n);
+      std::vector<int> order(V);
+      for (int64_t v = 0; v < V; ++v) order[v] = static_cast<int>(v);
+      const int k = static_cast<int>(std::min<int64_t>(40, V));
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int a, int b) { return logits[a] > logits[b]; });
+      std::vector<double> p(k);
+      double z = 0;
+      for (int j = 0; j < k; ++j) z += p[j] = std::exp((logits[order[j]] - logits[order[0]]) / 0.8);
+      double u = rng.next() * z;
+      int pick = order[k - 1];
+      for (int j = 0; j < k; ++j) {
+        if ((u -= p[j]) <= 0) {
+          pick = order[j];
+          break;
+        }
+      }
+      ids.push_back(pick);
+      if (data.is_end_of_text(pick)) break;
+    }
+    std::printf("\nsample:\n%s%s\n", opt.sample_prompt.c_str(),
+                data.decode(std::vector<int32_t>(ids.begin() + prompt_len, ids.end())).c_str());
+  }
+  return result;
+}
+
+}  // namespace lowbit

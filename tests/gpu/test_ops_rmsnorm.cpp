@@ -1,0 +1,92 @@
+// RMSNorm on the GPU against the CPU twin over shapes and fills, with guards; the backward's
+// determinism (two runs, same bits) and bandwidth.
+#include <gtest/gtest.h>
+
+#include "lowbit/ops.h"
+#include "ops/op_harness.h"
+
+namespace lowbit::test {
+namespace {
+
+constexpr float kEps = 1e-5f;
+
+struct Shape2 {
+  int64_t n, d;
+};
+const Shape2 kShapes[] = {{1, 16},  {65, 80},  {993, 512}, {16384, 768},
+                          {33, 17}, {7, 8192}, {3, 32768}, {5, 1000}};
+
+// Standard fills, with "large" at 1e15 rather than near the max: Σx² must not overflow in fp32
+// while the CPU twin's fp64 sum stays finite (then the twins legitimately differ); values near
+// the max overflow both, which `specials` covers.
+std::vector<Fill> fills() {
+  return {Fill::gaussian(), Fill::zeros(), Fill::large(1e15), Fill::small(), Fill::specials()};
+}
+
+OpCase fwd_case(Shape2 s, const Fill& fill) {
+  OpCase c;
+  c.name = fmt::format("rmsnorm_fwd {}x{} {}", s.n, s.d, fill.name());
+  // Positive terms: the order of the fp32 sum changes rstd by at most D·u_f32 relative.
+  c.args = {in("x", DType::kBF16, {s.n, s.d}, fill),
+            in("w", DType::kBF16, {s.d}, Fill::gaussian(0.5, 1.0)),
+            out("out", DType::kBF16, {s.n, s.d}, tol_rounded(DType::kBF16, double(s.d) + 4)),
+            out("rstd", DType::kF32, {s.n}, tol_rounded(DType::kF32, double(s.d) + 4))};
+  c.run = [](Context& ctx, const Args& a) {
+    rmsnorm_fwd(ctx, a["out"], a["rstd"], a["x"], a["w"], kEps);
+  };
+  return c;
+}
+
+OpCase bwd_case(Shape2 s, const Fill& fill) {
+  OpCase c;
+  c.name = fmt::format("rmsnorm_bwd {}x{} {}", s.n, s.d, fill.name());
+  c.args = {in("x", DType::kBF16, {s.n, s.d}, fill),
+            in("w", DType::kBF16, {s.d}, Fill::gaussian(0.5, 1.0)),
+            in("rstd", DType::kF32, {s.n}, Fill::uniform(0.5, 2.0)),
+            in("dout", DType::kBF16, {s.n, s.d}, Fill::gaussian()),
+            out("dx", DType::kBF16, {s.n, s.d}, tol_reduction(DType::kBF16, s.d)),
+            inout("dw", DType::kF32, {s.d}, Fill::gaussian(), tol_reduction(DType::kF32, s.n))};
+  c.run = [](Context& ctx, const Args& a) {
+    rmsnorm_bwd(ctx, a["dx"], a["dw"], a["dout"], a["x"], a["w"], a["rstd"]);
+  };
+  return c;
+}
+
+TEST(GpuRmsNorm, ForwardMatchesCpu) {
+  for (const Shape2& s : kShapes) {
+    for (const Fill& fill : fills()) EXPECT_TRUE(compare_cpu_gpu(fwd_case(s, fill)));
+  }
+}
+
+TEST(GpuRmsNorm, BackwardMatchesCpu) {
+  for (const Shape2& s : kShapes) {
+    for (const Fill& fill : fills()) EXPECT_TRUE(compare_cpu_gpu(bwd_case(s, fill)));
+  }
+  // dout with specials too.
+  OpCase c = bwd_case({65, 80}, Fill::gaussian());
+  c.args[3].fill = Fill::specials();
+  EXPECT_TRUE(compare_cpu_gpu(c));
+}
+
+TEST(GpuRmsNorm, BackwardIsDeterministic) {
+  const OpCase c = bwd_case({16384, 768}, Fill::gaussian());
+  OpRun a = run_op(c, Device::cuda(0)), b = run_op(c, Device::cuda(0));
+  EXPECT_TRUE(expect_close("dw", {768}, a.values("dw"), b.values("dw"), Tol::exact()));
+  EXPECT_TRUE(expect_close("dx", {16384, 768}, a.values("dx"), b.values("dx"), Tol::exact()));
+}
+
+TEST(GpuRmsNormPerf, Bandwidth) {
+  Context ctx(Device::cuda(0));
+  for (int64_t d : {768, 2048}) {
+    const int64_t n = 16384;
+    const double copy = copy_gbps(ctx, n * d * 2);
+    const Perf f = time_op(ctx, fwd_case({n, d}, Fill::gaussian()), 2.0 * n * d * 2 + 4 * n);
+    const Perf b = time_op(ctx, bwd_case({n, d}, Fill::gaussian()), 3.0 * n * d * 2 + 4 * n);
+    std::printf("rmsnorm N=%ld D=%ld: copy %.0f GB/s | fwd %s (%.0f%%) | bwd %s (%.0f%%)\n",
+                long(n), long(d), copy, f.str().c_str(), 100 * f.gb_per_s / copy, b.str().c_str(),
+                100 * b.gb_per_s / copy);
+  }
+}
+
+}  // namespace
+}  // namespace lowbit::test

@@ -1,0 +1,236 @@
+// The model layer on the CPU: configs, precision plans, and the decoder's gradients against
+// finite differences of its own loss.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "lowbit/model.h"
+
+namespace lowbit {
+namespace {
+
+ModelConfig small_config() {
+  ModelConfig c = model_preset("tiny");
+  c.vocab_size = 64;
+  c.n_layers = 2;
+  c.ffn_hidden = 256;
+  c.max_seq_len = 16;
+  return c;
+}
+
+struct Batch {
+  Tensor tokens, targets;  // [B, T] i32, host
+  int64_t valid = 0;
+};
+
+Batch make_batch(int B, int T, int64_t vocab, uint32_t seed) {
+  Batch b;
+  b.tokens = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+  b.targets = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+  std::mt19937 rng(seed);
+  for (int64_t i = 0; i < int64_t(B) * T; ++i) {
+    b.tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+    // Every 7th target is masked (SFT-style ignore index).
+    const bool masked = i % 7 == 3;
+    b.targets.ptr<int32_t>()[i] = masked ? -1 : static_cast<int32_t>(rng() % vocab);
+    b.valid += masked ? 0 : 1;
+  }
+  return b;
+}
+
+TEST(ModelConfigTest, PresetsValidateAndCountParameters) {
+  for (const std::string& name : model_preset_names()) {
+    ModelConfig c = model_preset(name);
+    if (c.vocab_size == 0) c.vocab_size = 32000;
+    EXPECT_NO_THROW(c.validate()) << name;
+  }
+  ModelConfig c = model_preset("124m");
+  c.vocab_size = 32000;
+  // 12 blocks · (4·768² + 3·768·2048 + 2·768) + 32000·768 + 768.
+  EXPECT_EQ(c.num_params(), 12 * (4 * 768 * 768 + 3 * 768 * 2048 + 2 * 768) + 32000 * 768 + 768);
+  ModelConfig l8 = model_preset("8b");
+  EXPECT_NEAR(double(l8.num_params()), 8.03e9, 0.01e9);  // LLaMA-3 8B
+  EXPECT_THROW(model_preset("13b"), UserError);
+}
+
+TEST(ModelConfigTest, RejectsBadShapesWithClearErrors) {
+  ModelConfig c = small_config();
+  c.n_kv_heads = 3;
+  try {
+    c.validate();
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("n_kv_heads"), std::string::npos) << e.what();
+  }
+  c = small_config();
+  c.d_model = 96;  // head dim 48
+  EXPECT_THROW(c.validate(), UserError);
+  c = small_config();
+  c.vocab_size = 0;
+  EXPECT_THROW(c.validate(), UserError);
+}
+
+TEST(ModelConfigTest, ReadsHuggingFaceConfigAndOurJson) {
+  const std::string hf = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
+    "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "num_hidden_layers": 16, "vocab_size": 128256, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": true,
+    "hidden_act": "silu", "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}})";
+  const ModelConfig c = model_config_from_json(hf, ModelConfig(), "config.json");
+  EXPECT_EQ(c.d_model, 2048);
+  EXPECT_EQ(c.n_kv_heads, 8);
+  EXPECT_EQ(c.ffn_hidden, 8192);
+  EXPECT_FLOAT_EQ(c.rope.factor, 32.0f);
+  EXPECT_EQ(c.rope.original_max_positions, 8192);
+  EXPECT_NO_THROW(c.validate());
+  // Our JSON round-trips and overrides only what it names.
+  const ModelConfig back = model_config_from_json(c.to_json(), small_config(), "ours.json");
+  EXPECT_EQ(back.to_json(), c.to_json());
+  const ModelConfig part =
+      model_config_from_json(R"({"n_layers": 3})", small_config(), "part.json");
+  EXPECT_EQ(part.n_layers, 3);
+  EXPECT_EQ(part.d_model, small_config().d_model);
+  EXPECT_THROW(model_config_from_json(R"({"n_layerz": 3})", small_config(), "typo.json"),
+               UserError);
+  EXPECT_THROW(model_config_from_json("{not json", small_config(), "bad.json"), UserError);
+  EXPECT_THROW(model_config_from_file("/nonexistent/config.json", small_config()), UserError);
+}
+
+TEST(PrecisionPlanTest, RecipesResolvePerLayer) {
+  ModelConfig c = model_preset("124m");
+  c.vocab_size = 32000;
+  const PrecisionPlan fp8 = resolve_precision(Recipe::kFP8, c);
+  EXPECT_EQ(fp8.at(0, LinearKind::kQKV).x.dtype, DType::kE4M3);
+  EXPECT_EQ(fp8.at(0, LinearKind::kQKV).dy.dtype, DType::kE5M2);  // HYBRID
+  EXPECT_EQ(fp8.head.recipe, Recipe::kBF16);
+  PrecisionOverrides e4m3;
+  e4m3.fp8_format = Fp8Format::kE4M3;
+  EXPECT_EQ(resolve_precision(Recipe::kFP8, c, e4m3).at(3, LinearKind::kDown).dy.dtype,
+            DType::kE4M3);
+  // NVFP4 keeps the last ceil(0.15 · 12) = 2 blocks in BF16.
+  const PrecisionPlan nv = resolve_precision(Recipe::kNVFP4, c);
+  EXPECT_EQ(nv.at(9, LinearKind::kQKV).recipe, Recipe::kNVFP4);
+  EXPECT_EQ(nv.at(10, LinearKind::kQKV).recipe, Recipe::kBF16);
+  EXPECT_EQ(nv.at(11, LinearKind::kDown).recipe, Recipe::kBF16);
+  EXPECT_TRUE(nv.at(0, LinearKind::kGateUp).dy.stochastic_rounding);
+  EXPECT_TRUE(nv.at(0, LinearKind::kGateUp).x.hadamard_columnwise);
+  EXPECT_EQ(nv.at(0, LinearKind::kGateUp).w.mode, ScalingMode::kNVFP4_16x16);
+  PrecisionOverrides keep;
+  keep.bf16_layers = {0};
+  EXPECT_EQ(resolve_precision(Recipe::kMXFP8, c, keep).at(0, LinearKind::kProj).recipe,
+            Recipe::kBF16);
+  keep.bf16_layers = {12};
+  EXPECT_THROW(resolve_precision(Recipe::kMXFP8, c, keep), UserError);
+  EXPECT_NE(nv.describe().find("blocks 10-11"), std::string::npos) << nv.describe();
+  EXPECT_NE(nv.to_json().find("\"nvfp4\""), std::string::npos);
+}
+
+TEST(ParamArenaTest, HuggingFaceNamesFusedViewsAndAlignment) {
+  const ModelConfig c = small_config();
+  ParamArena a(c, Device::cpu());
+  EXPECT_EQ(a.params().front().name, "model.embed_tokens.weight");
+  EXPECT_GE(a.find("model.layers.1.mlp.down_proj.weight"), 0);
+  EXPECT_EQ(a.find("lm_head.weight"), -1);  // tied
+  int64_t total = 0;
+  for (const ParamInfo& p : a.params()) {
+    EXPECT_EQ(p.offset % 128, 0) << p.name;
+    total += p.shape.numel();
+  }
+  EXPECT_EQ(total, c.num_params());
+  const int q = a.find("model.layers.0.self_attn.q_proj.weight");
+  const TensorView qkv = a.compute_fused(q, q + 2);
+  EXPECT_EQ(qkv.shape, (Shape{(2 + 2 * 1) * 64, 128}));
+  EXPECT_ANY_THROW(a.compute_fused(q, q + 4));  // a 1-D norm weight follows o_proj
+}
+
+// Loss per valid token of the f32 reference model.
+double mean_loss(LlamaModel& m, const Batch& b, int B, int T) {
+  const StepStats s = m.forward_loss(b.tokens, b.targets, B, T);
+  return s.loss_sum / double(s.valid_tokens);
+}
+
+TEST(ModelGradientTest, BackwardMatchesFiniteDifferences) {
+  const ModelConfig c = small_config();
+  Context ctx(Device::cpu());
+  LlamaModel m(c, resolve_precision(Recipe::kBF16, c), ctx, DType::kF32);
+  m.init_weights(7);
+  // Larger weights than the default init so that every path carries a visible gradient.
+  ParamArena& a = m.params();
+  float* w = a.master_all.ptr<float>();
+  for (int64_t i = 0; i < a.size(); ++i) w[i] *= 5.0f;
+  const int B = 2, T = 8;
+  const Batch b = make_batch(B, T, c.vocab_size, 3);
+  fill_bytes(a.grad_all, 0);
+  m.forward_backward(b.tokens, b.targets, B, T, 1.0f / float(b.valid));
+  const float* g = a.grad_all.ptr<float>();
+  std::mt19937 rng(11);
+  int checked = 0;
+  for (const ParamInfo& p : a.params()) {
+    for (int rep = 0; rep < 3; ++rep) {
+      const int64_t i = p.offset + int64_t(rng() % uint64_t(p.shape.numel()));
+      const float keep = w[i];
+      // Fourth-order central differences: (−f(2h) + 8f(h) − 8f(−h) + f(−2h)) / 12h.
+      const float eps = 4e-3f * std::max(1.0f, std::fabs(keep));
+      double f[4];
+      const float at[4] = {keep + 2 * eps, keep + eps, keep - eps, keep - 2 * eps};
+      for (int j = 0; j < 4; ++j) {
+        w[i] = at[j];
+        f[j] = mean_loss(m, b, B, T);
+      }
+      w[i] = keep;
+      const double h = double(at[1]) - double(keep);
+      const double fd = (-f[0] + 8 * f[1] - 8 * f[2] + f[3]) / (12.0 * h);
+      EXPECT_NEAR(g[i], fd, 3e-2 * std::fabs(fd) + 2e-4)
+          << p.name << " element " << (i - p.offset);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3 * static_cast<int>(a.params().size()));
+}
+
+TEST(ModelGradientTest, ActivationCheckpointingGivesIdenticalGradients) {
+  const ModelConfig c = small_config();
+  Context ctx(Device::cpu());
+  const int B = 2, T = 16;
+  const Batch b = make_batch(B, T, c.vocab_size, 5);
+  std::vector<float> grads[2];
+  for (int ck = 0; ck < 2; ++ck) {
+    LlamaModel m(c, resolve_precision(Recipe::kFP8, c), ctx);
+    m.init_weights(3);
+    ForwardOptions o;
+    o.activation_checkpointing = ck == 1;
+    m.forward_backward(b.tokens, b.targets, B, T, 1.0f / float(b.valid), o);
+    const float* g = m.params().grad_all.ptr<float>();
+    grads[ck].assign(g, g + m.params().size());
+  }
+  EXPECT_EQ(grads[0], grads[1]);
+}
+
+TEST(ModelGradientTest, EveryRecipeRunsAndStaysCloseToBf16) {
+  ModelConfig c = small_config();
+  Context ctx(Device::cpu());
+  const int B = 2, T = 16;
+  const Batch b = make_batch(B, T, c.vocab_size, 9);
+  double bf16_loss = 0;
+  for (Recipe r : kAllRecipes) {
+    LlamaModel m(c, resolve_precision(r, c), ctx);
+    m.init_weights(1);
+    const StepStats s = m.forward_backward(b.tokens, b.targets, B, T, 1.0f / float(b.valid));
+    const double loss = s.loss_sum / double(s.valid_tokens);
+    EXPECT_EQ(s.valid_tokens, b.valid);
+    EXPECT_TRUE(std::isfinite(loss)) << recipe_name(r);
+    if (r == Recipe::kBF16) bf16_loss = loss;
+    // At init the loss is ≈ ln(V); quantization moves it by far less than that.
+    EXPECT_NEAR(loss, std::log(double(c.vocab_size)), 0.3) << recipe_name(r);
+    EXPECT_NEAR(loss, bf16_loss, 0.05) << recipe_name(r);
+    double gsum = 0;
+    const float* g = m.params().grad_all.ptr<float>();
+    for (int64_t i = 0; i < m.params().size(); ++i) gsum += double(g[i]) * g[i];
+    EXPECT_TRUE(std::isfinite(gsum) && gsum > 0) << recipe_name(r);
+  }
+}
+
+}  // namespace
+}  // namespace lowbit
