@@ -29,9 +29,12 @@ build: deps
 	cmake -S . -B $(BUILD_DIR) $(CMAKE_FLAGS)
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
-# The main job. For now: describe the machine and where each recipe runs.
+# The main job: train on the bundled corpus (the tiny preset on the CPU, 124m on a GPU), the
+# loss falling, then print a sample. ARGS adds flags, e.g. make run ARGS="--precision nvfp4".
+RUN_OUT ?= runs/make-run
 run: build
 	$(BUILD_DIR)/lowbit info
+	$(BUILD_DIR)/lowbit train --out $(RUN_OUT) --time_limit_minutes 5 $(ARGS)
 
 # Everything that needs no GPU (what CI runs).
 test: build

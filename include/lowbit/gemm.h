@@ -79,12 +79,14 @@ std::string_view gemm_backend_name(GemmBackend b);
 // On the GPU every distinct problem (shapes, dtypes, layouts, pointer alignments, bias
 // epilogue) gets a cuBLASLt plan on its first call, cached for the process. With autotuning on
 // (the default) that first call times up to 8 of cuBLASLt's heuristic candidates on ctx's
-// stream (2 warm-up and 5 timed calls each, into a scratch output the size of out that is
-// allocated for the timing and freed after it; `out` itself is written only by the real call)
-// and keeps the fastest: the first call of a new shape therefore synchronises ctx's stream.
-// Inside a CUDA graph capture the timing is put off to a later call outside one. Later calls
-// reuse the plan, so they are bit-identical to each other; which candidate wins can differ from
-// one process to the next, so runs that must reproduce bit for bit turn autotuning off.
+// stream (two single calls, then one untimed and 7 timed bursts of ≈ 1 ms each, interleaved;
+// ≈ 50–500 ms in all) into a scratch output the size of out, allocated for the timing and freed
+// after it (`out` itself is written only by the real call; without memory for the scratch the
+// first heuristic choice is kept), and keeps the fastest: the first call of a new shape
+// therefore synchronises ctx's stream. Inside a CUDA graph capture the timing is put off to a
+// later call outside one. Later calls reuse the plan, so they are bit-identical to each other;
+// which candidate wins can differ from one process to the next, so runs that must reproduce
+// bit for bit turn autotuning off.
 void gemm(Context& ctx, const GemmOperand& a, const GemmOperand& b, const TensorView& out,
           const GemmOptions& opt = {});
 

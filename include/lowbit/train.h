@@ -14,7 +14,7 @@ namespace lowbit {
 struct TrainOptions {
   // Model: a preset, optionally a config file (ours or HF config.json), then single overrides
   // (0 keeps the preset's value).
-  std::string preset = "tiny";
+  std::string preset;  // empty: "124m" on a GPU, "tiny" on the CPU
   std::string model_config;
   int d_model = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, ffn_hidden = 0;
 
@@ -32,8 +32,8 @@ struct TrainOptions {
   bool sft = false;            // JSONL chat records: loss on response tokens only
 
   // Optimisation.
-  int batch_size = 8;
-  int seq_len = 128;
+  int batch_size = 0;  // 0: 16 on a GPU, 8 on the CPU
+  int seq_len = 0;     // 0: 1024 on a GPU, 128 on the CPU
   int grad_accum_steps = 1;
   int64_t total_steps = 300;
   int64_t warmup_steps = -1;  // < 0: 5% of total_steps
@@ -53,8 +53,10 @@ struct TrainOptions {
   int64_t eval_every = 100;
   int eval_batches = 8;
   int64_t log_every = 10;
-  int64_t stats_every = 50;       // per-layer FP8 amax / scale records in metrics.jsonl
-  int64_t checkpoint_every = 0;   // 0: only at the end
+  int64_t stats_every = 50;      // per-layer FP8 amax / scale records in metrics.jsonl
+  int64_t checkpoint_every = 0;  // 0: only at the end
+  // > 0: stop (and checkpoint) after this step, to resume later on the same schedule.
+  int64_t stop_at_step = 0;
   double time_limit_minutes = 0;  // > 0: stop (and checkpoint) after this wall time
   int sample_tokens = 200;        // printed after training (0: none)
   std::string sample_prompt = "And God said";

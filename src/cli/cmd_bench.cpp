@@ -8,9 +8,11 @@
 
 #include "bench/gemm_bench.h"
 #include "bench/quant_bench.h"
+#include "bench/train_bench.h"
 #include "cli/commands.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/sysinfo.h"
+#include "lowbit/recipe.h"
 
 namespace lowbit::cli {
 
@@ -165,6 +167,95 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                               {"shape", r.shape}, {"recipe", r.recipe},
                               {"ms", r.ms},       {"bytes", r.bytes},
                               {"gbps", r.gbps},   {"frac_of_copy", r.frac_of_copy}};
+          f << j.dump() << "\n";
+        }
+      }
+      return 0;
+    };
+  });
+
+  struct TrainOpts {
+    std::string presets = "124m,1b";
+    std::string recipes = "bf16,fp8,fp8-current,fp8-block,mxfp8,nvfp4";
+    int steps = 10;
+    int warmup = 3;
+    bool activation_checkpointing = false;
+    std::string json_out;
+  };
+  auto t = std::make_shared<TrainOpts>();
+  CLI::App* train_cmd = bench->add_subcommand(
+      "train", "Tokens/s, MFU and peak memory of whole training steps per recipe");
+  train_cmd->add_option("--presets", t->presets, "Comma-separated: tiny, 124m, 350m, 1b")
+      ->capture_default_str();
+  train_cmd->add_option("--recipes", t->recipes, "Comma-separated recipes (bf16 first)")
+      ->capture_default_str();
+  train_cmd->add_option("--steps", t->steps, "Timed optimizer steps")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  train_cmd->add_option("--warmup", t->warmup, "Untimed steps first")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  train_cmd->add_flag("--activation_checkpointing", t->activation_checkpointing,
+                      "Recompute each block in the backward");
+  train_cmd->add_option("--json-out", t->json_out, "Also write one JSON object per row");
+  train_cmd->callback([t, &action] {
+    action = [t] {
+      bench::TrainBenchOptions opt;
+      opt.cases = bench::train_bench_cases(t->presets);
+      size_t i = 0;
+      while (i <= t->recipes.size()) {
+        size_t j = t->recipes.find(',', i);
+        if (j == std::string::npos) j = t->recipes.size();
+        if (j > i) {
+          const std::string r = t->recipes.substr(i, j - i);
+          recipe_from_name(r);  // validates the name
+          opt.recipes.push_back(r);
+        }
+        i = j + 1;
+      }
+      opt.steps = t->steps;
+      opt.warmup_steps = t->warmup;
+      opt.activation_checkpointing = t->activation_checkpointing;
+      const std::vector<GpuInfo> gpus = list_gpus();
+      std::printf("lowbit bench train on %s\n", gpus.empty() ? "the CPU" : gpus[0].name.c_str());
+      std::printf("%-6s %-12s %9s %10s %12s %7s %11s %8s %8s\n", "preset", "recipe", "batch",
+                  "step ms", "tokens/s", "MFU", "peak mem", "vs bf16", "mem/bf16");
+      std::ofstream f;
+      if (!t->json_out.empty()) {
+        f.open(t->json_out);
+        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}", t->json_out);
+      }
+      for (const auto& r : bench::run_train_bench(opt)) {
+        if (!r.error.empty()) {
+          std::printf("%-6s %-12s error: %s\n", r.preset.c_str(), r.recipe.c_str(),
+                      r.error.c_str());
+        } else {
+          std::printf("%-6s %-12s %4dx%-4d %10.1f %12.0f %6.1f%% %8.2f GiB %7.2fx %7.2fx\n",
+                      r.preset.c_str(), r.recipe.c_str(), r.batch, r.seq_len, r.step_ms,
+                      r.tokens_per_s, r.mfu * 100, r.peak_mem_bytes / 1073741824.0, r.speed_vs_bf16,
+                      r.mem_vs_bf16);
+        }
+        std::fflush(stdout);
+        if (f.is_open()) {
+          nlohmann::json j = {{"bench", "train"},
+                              {"impl", "lowbit"},
+                              {"device", gpus.empty() ? "cpu" : gpus[0].name},
+                              {"preset", r.preset},
+                              {"recipe", r.recipe},
+                              {"batch", r.batch},
+                              {"seq_len", r.seq_len},
+                              {"step_ms", r.step_ms},
+                              {"tokens_per_s", r.tokens_per_s},
+                              {"mfu", r.mfu},
+                              {"loss_first", r.loss_first},
+                              {"loss_last", r.loss_last},
+                              {"peak_mem_bytes", r.peak_mem_bytes},
+                              {"speed_vs_bf16", r.speed_vs_bf16},
+                              {"mem_vs_bf16", r.mem_vs_bf16},
+                              {"error", r.error}};
+          nlohmann::json cats;
+          for (const auto& [k, v] : r.peak_by_category) cats[k] = v;
+          j["peak_by_category"] = cats;
           f << j.dump() << "\n";
         }
       }

@@ -96,8 +96,9 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   CLI::App* cmd = app.add_subcommand(
       "train", "Train a LLaMA-family model (default: the tiny preset on the bundled corpus)");
   // Model.
-  cmd->add_option("--preset,--model", o.preset, "Model preset: tiny, 124m, 350m, 1b, 8b, 70b")
-      ->capture_default_str();
+  cmd->add_option("--preset,--model", o.preset,
+                  "Model preset: tiny, 124m, 350m, 1b, 8b, 70b (default: 124m on a GPU, tiny on "
+                  "the CPU)");
   cmd->add_option("--config", o.model_config,
                   "Model config file: lowbit JSON or a Hugging Face config.json");
   cmd->add_option("--d_model", o.d_model, "Override the model width");
@@ -139,8 +140,10 @@ void add_train_command(CLI::App& app, CommandAction& action) {
       ->capture_default_str();
   cmd->add_flag("--sft", o.sft, "Chat JSONL records: loss on the responses only");
   // Optimisation.
-  cmd->add_option("--batch_size", o.batch_size, "Sequences per micro-batch")->capture_default_str();
-  cmd->add_option("--seq_len", o.seq_len, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--batch_size", o.batch_size,
+                  "Sequences per micro-batch (default 16 on a GPU, 8 on the CPU)");
+  cmd->add_option("--seq_len", o.seq_len,
+                  "Tokens per sequence (default 1024 on a GPU, 128 on the CPU)");
   cmd->add_option("--grad_accum_steps", o.grad_accum_steps, "Micro-batches per optimizer step")
       ->capture_default_str();
   cmd->add_option("--total_steps", o.total_steps, "Optimizer steps")->capture_default_str();
@@ -171,6 +174,8 @@ void add_train_command(CLI::App& app, CommandAction& action) {
       ->capture_default_str();
   cmd->add_option("--checkpoint_every", o.checkpoint_every, "Checkpoint every N steps (0: end)")
       ->capture_default_str();
+  cmd->add_option("--stop_at_step", o.stop_at_step,
+                  "Stop and checkpoint after this step (resume later on the same schedule)");
   cmd->add_option("--time_limit_minutes", o.time_limit_minutes,
                   "Stop and checkpoint after this many minutes (0: no limit)");
   cmd->add_option("--sample_tokens", o.sample_tokens, "Tokens sampled after training (0: none)")

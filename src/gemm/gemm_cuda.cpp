@@ -27,11 +27,13 @@ namespace {
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 constexpr size_t kAlign = 256;
 
-// Algorithm selection by measurement (once per plan, see gemm_autotune()). On an H100 single
-// calls timed from an idle GPU rank the candidates by their first milliseconds at boost clock,
-// which differs from their rank under sustained load (by up to ≈ 5 % at 4096³ and 8192³); so
-// each candidate runs in bursts of ≈ 1 ms, the GPU is loaded by one untimed burst of each
-// before the timed rounds, and the rounds interleave the candidates.
+// Algorithm selection by measurement (once per plan, see gemm_autotune()). Each candidate runs
+// in bursts of ≈ 1 ms (launch gaps amortised), the GPU is loaded by one untimed burst of each
+// before the timed rounds, and the rounds interleave the candidates so that clock drift
+// affects them alike. On an H100 the ranking of cuBLASLt's candidates depends on the GPU's
+// power state (boost clock just after idle vs power-limited under sustained load; the best
+// ones lie within ≈ 5 % of each other at 4096³ and 8192³), and a selection that lasts
+// 50–500 ms sees mostly the former.
 constexpr int kMaxCandidates = 8;     // heuristic results asked for
 constexpr int kTuneRounds = 7;        // timed bursts per candidate, one per round
 constexpr double kTuneBurstMs = 1.0;  // target length of one burst

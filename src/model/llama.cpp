@@ -13,8 +13,10 @@
 // for fprop, columnwise kept for wgrad), W (once per step) and dY (in the backward).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "lowbit/gemm.h"
 #include "lowbit/model.h"
@@ -431,17 +433,17 @@ void LlamaModel::init_weights(uint64_t seed) {
   Tensor host = Tensor::zeros({a.size()}, DType::kF32, Device::cpu());
   float* p = host.ptr<float>();
   const float std_out = 0.02f / std::sqrt(2.0f * cfg_.n_layers);
-  for (const ParamInfo& info : a.params()) {
-    const int64_t n = info.shape.numel();
+  // Each element depends only on (seed, its arena index): the work splits over threads freely.
+  auto fill = [&](const ParamInfo& info, int64_t begin, int64_t end) {
     if (info.shape.ndim == 1) {  // norm weights
-      for (int64_t i = 0; i < n; ++i) p[info.offset + i] = 1.0f;
-      continue;
+      for (int64_t i = begin; i < end; ++i) p[info.offset + i] = 1.0f;
+      return;
     }
     const bool out_proj = info.name.find("o_proj") != std::string::npos ||
                           info.name.find("down_proj") != std::string::npos;
     const float sd = out_proj ? std_out : 0.02f;
     // Box-Muller over Philox words keyed by the element's arena index.
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = begin; i < end; ++i) {
       const uint64_t idx = static_cast<uint64_t>(info.offset + i);
       const uint32_t u1 = philox_uint32(seed, 0x1417, 2 * idx);
       const uint32_t u2 = philox_uint32(seed, 0x1417, 2 * idx + 1);
@@ -450,7 +452,18 @@ void LlamaModel::init_weights(uint64_t seed) {
       const double z = std::sqrt(-2.0 * std::log(a1)) * std::cos(6.283185307179586 * a2);
       p[info.offset + i] = static_cast<float>(z * sd);
     }
+  };
+  const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 32u));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (const ParamInfo& info : a.params()) {
+        const int64_t n = info.shape.numel();
+        fill(info, n * t / threads, n * (t + 1) / threads);
+      }
+    });
   }
+  for (std::thread& th : pool) th.join();
   copy_tensor(a.master_all, host);
   fill_bytes(a.grad_all, 0);
   fill_bytes(a.m_all, 0);

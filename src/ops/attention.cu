@@ -943,13 +943,13 @@ CudaTiles default_tiles(int dh) {
   // The fastest variants of the benchmark sweep (AttentionGpu.PerfSdpaShapes) on an H100.
   CudaTiles t;
   if (dh == 64) {
-    t.fwd_warps = 4, t.fwd_bc = 128, t.fwd_mt = 1;
+    t.fwd_warps = 4, t.fwd_bc = 64, t.fwd_mt = 2;
     t.dkv_warps = 4, t.dkv_br = 64, t.dkv_mt = 1;
-    t.dq_warps = 4, t.dq_bc = 128, t.dq_mt = 1;
+    t.dq_warps = 4, t.dq_bc = 64, t.dq_mt = 2;
   } else {
-    t.fwd_warps = 4, t.fwd_bc = 64, t.fwd_mt = 1;
+    t.fwd_warps = 4, t.fwd_bc = 32, t.fwd_mt = 2;
     t.dkv_warps = 4, t.dkv_br = 64, t.dkv_mt = 1;
-    t.dq_warps = 4, t.dq_bc = 64, t.dq_mt = 1;
+    t.dq_warps = 4, t.dq_bc = 32, t.dq_mt = 2;
   }
   return t;
 }

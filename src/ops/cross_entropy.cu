@@ -3,8 +3,8 @@
 // Pass 1 reads the row once with 16-byte vectors (8 bf16) and keeps, per thread, an online
 // (max m, sum s of exp(x − m)) pair in fp32; the pairs are merged in a fixed tree (warp
 // butterfly, then the warps in order), so the result is deterministic. The first part of the
-// row (up to kMaxCacheBytes) is kept in shared memory as it is read, so that pass 2, which
-// writes dx = grad_scale · (exp(x − m) / s − onehot), reads it from there instead of HBM; the
+// row (up to CeConfig::max_cache_bytes) is kept in shared memory as it is read, so that pass 2,
+// which writes dx = grad_scale · (exp(x − m) / s − onehot), reads it from there instead of HBM; the
 // rest of a longer row is read again (mostly from L2).
 //
 // Rows of odd V are not 16-byte aligned: each row is split into a scalar head (up to the first
@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/formats.h"
@@ -25,8 +26,6 @@ namespace lowbit::ops_detail {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kUnroll = 4;                 // 16-byte loads in flight per thread
-constexpr int kMaxCacheBytes = 100 << 10;  // shared memory per block: two blocks fit an SM
 
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -76,7 +75,8 @@ __device__ __forceinline__ void absorb8(MaxSum& st, const uint4& u) {
 #pragma unroll
   for (int i = 1; i < 8; ++i) mx = fmaxf(mx, v[i]);
   const float m = fmaxf(st.m, mx);
-  float s = rescale(st.s, st.m, m);
+  float s = st.s;
+  if (m != st.m) s = rescale(s, st.m, m);  // the running max rarely moves after a few vectors
 #pragma unroll
   for (int i = 0; i < 8; ++i) s += exp_shift(v[i], m);
   st = {m, s};
@@ -89,18 +89,21 @@ __device__ __forceinline__ int head_elems(const uint16_t* p, int64_t v) {
 }
 
 // losses [n] f32, dlogits [n, V] bf16 or null (may alias logits), logits [n, V] bf16, targets
-// [n] i32. Grid: one block per row; dynamic shared memory: cache_vecs 16-byte vectors.
-__global__ void __launch_bounds__(1024)
+// [n] i32. Grid: one block of THREADS per row; dynamic shared memory: cache_vecs 16-byte vectors
+// (0 without dlogits). UNROLL 16-byte loads are in flight per thread.
+template <int THREADS, int MIN_BLOCKS, int UNROLL>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     cross_entropy_kernel(float* __restrict__ losses, uint16_t* dlogits, const uint16_t* logits,
-                         const int32_t* __restrict__ targets, int64_t V, int ignore_index,
+                         const int32_t* __restrict__ targets, int V, int ignore_index,
                          float grad_scale, int cache_vecs) {
   extern __shared__ uint4 cache[];  // [cache_vecs] the row's first body vectors
-  __shared__ float red_m[32], red_s[32];
+  constexpr int kWarps = THREADS / 32;
+  __shared__ float red_m[kWarps], red_s[kWarps];
   __shared__ float row_m, row_inv_s;
   const int64_t row = blockIdx.x;
   const uint16_t* x = logits + row * V;                  // [V]
   uint16_t* dx = dlogits ? dlogits + row * V : nullptr;  // [V]
-  const int tid = threadIdx.x, nt = blockDim.x;
+  const int tid = threadIdx.x;
   const int32_t t = targets[row];
 
   if (t == ignore_index || t < 0 || t >= V) {
@@ -110,34 +113,34 @@ __global__ void __launch_bounds__(1024)
     if (!dx) return;
     const uint16_t fill = bad ? 0x7FC0u : 0u;
     const int h = head_elems(dx, V);
-    const int64_t nvec = (V - h) / 8;
+    const int nvec = (V - h) / 8;
     if (tid < h) dx[tid] = fill;
-    for (int64_t j = h + nvec * 8 + tid; j < V; j += nt) dx[j] = fill;
+    for (int j = h + nvec * 8 + tid; j < V; j += THREADS) dx[j] = fill;
     const uint32_t w = fill | (uint32_t(fill) << 16);
     uint4* dv = reinterpret_cast<uint4*>(dx + h);
-    for (int64_t k = tid; k < nvec; k += nt) dv[k] = make_uint4(w, w, w, w);
+    for (int k = tid; k < nvec; k += THREADS) dv[k] = make_uint4(w, w, w, w);
     return;
   }
 
   // ---- pass 1: online max / sum over the row --------------------------------------------------
   const float xt = tid == 0 ? bf16_to_f32(x[t]) : 0.0f;  // read before pass 2 may overwrite it
   const int h = head_elems(x, V);
-  const int64_t nvec = (V - h) / 8;
-  const int64_t tail0 = h + nvec * 8;
+  const int nvec = (V - h) / 8;
+  const int tail0 = h + nvec * 8;
   const uint4* xv = reinterpret_cast<const uint4*>(x + h);  // [nvec] the row's body
   MaxSum st{-INFINITY, 0.0f};
   if (tid < h) absorb1(st, bf16_to_f32(x[tid]));
-  for (int64_t j = tail0 + tid; j < V; j += nt) absorb1(st, bf16_to_f32(x[j]));
-  for (int64_t k0 = tid; k0 < nvec; k0 += int64_t(kUnroll) * nt) {
-    uint4 r[kUnroll];
+  if (tail0 + tid < V) absorb1(st, bf16_to_f32(x[tail0 + tid]));  // the tail: fewer than 8
+  for (int k0 = tid; k0 < nvec; k0 += UNROLL * THREADS) {
+    uint4 r[UNROLL];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = k0 + int64_t(u) * nt;
+    for (int u = 0; u < UNROLL; ++u) {
+      const int k = k0 + u * THREADS;
       if (k < nvec) r[u] = xv[k];
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = k0 + int64_t(u) * nt;
+    for (int u = 0; u < UNROLL; ++u) {
+      const int k = k0 + u * THREADS;
       if (k < nvec) {
         if (k < cache_vecs) cache[k] = r[u];
         absorb8(st, r[u]);
@@ -155,7 +158,7 @@ __global__ void __launch_bounds__(1024)
   if (lane == 0) red_m[warp] = st.m, red_s[warp] = st.s;
   __syncthreads();
   if (warp == 0) {
-    st = lane < (nt >> 5) ? MaxSum{red_m[lane], red_s[lane]} : MaxSum{-INFINITY, 0.0f};
+    st = lane < kWarps ? MaxSum{red_m[lane], red_s[lane]} : MaxSum{-INFINITY, 0.0f};
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const MaxSum other{__shfl_xor_sync(0xFFFFFFFFu, st.m, o),
@@ -173,63 +176,116 @@ __global__ void __launch_bounds__(1024)
   __syncthreads();
 
   // ---- pass 2: dx = grad_scale · (exp(x − m) / s − [j = t]) ------------------------------------
+  // exp(x − m) without the −inf guard of pass 1: it only matters when m = ±inf, where inv_s is
+  // inf or NaN and the whole row is NaN either way.
   const float m = row_m, inv_s = row_inv_s;
-  auto grad = [&](float xj, int64_t j) {
-    float p = exp_shift(xj, m) * inv_s;
+  auto grad1 = [&](float xj, int j) {
+    float p = ex2((xj - m) * kLog2e) * inv_s;
     if (j == t) p -= 1.0f;
-    return p * grad_scale;
+    return f32_to_bf16_rn(p * grad_scale);
   };
   if (((reinterpret_cast<uintptr_t>(dx) ^ reinterpret_cast<uintptr_t>(x)) & 15u) == 0) {
     // dx has x's alignment (always so in place): vectors of dx and x coincide. Each element is
     // read and written by the same thread, so writing in place is safe.
-    if (tid < h) dx[tid] = f32_to_bf16_rn(grad(bf16_to_f32(x[tid]), tid));
-    for (int64_t j = tail0 + tid; j < V; j += nt)
-      dx[j] = f32_to_bf16_rn(grad(bf16_to_f32(x[j]), j));
-    for (int64_t k0 = tid; k0 < nvec; k0 += int64_t(kUnroll) * nt) {
-      uint4 r[kUnroll];
+    if (tid < h) dx[tid] = grad1(bf16_to_f32(x[tid]), tid);
+    if (tail0 + tid < V) dx[tail0 + tid] = grad1(bf16_to_f32(x[tail0 + tid]), tail0 + tid);
+    uint4* dv = reinterpret_cast<uint4*>(dx + h);          // [nvec]
+    const int t_vec = (t - h) >> 3, t_lane = (t - h) & 7;  // the target's vector and lane
+    for (int k0 = tid; k0 < nvec; k0 += UNROLL * THREADS) {
+      uint4 r[UNROLL];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t k = k0 + int64_t(u) * nt;
+      for (int u = 0; u < UNROLL; ++u) {
+        const int k = k0 + u * THREADS;
         if (k < nvec) r[u] = k < cache_vecs ? cache[k] : xv[k];
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t k = k0 + int64_t(u) * nt;
+      for (int u = 0; u < UNROLL; ++u) {
+        const int k = k0 + u * THREADS;
         if (k < nvec) {
           float v[8];
           unpack8(r[u], v);
-          const int64_t j0 = h + 8 * k;
+          const int hit = k == t_vec && t >= h ? t_lane : -1;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) v[i] = grad(v[i], j0 + i);
-          ops_cuda::store8(dx + j0, v);  // 16-byte aligned: j0 − h is a multiple of 8
+          for (int i = 0; i < 8; ++i) {
+            float p = ex2((v[i] - m) * kLog2e) * inv_s;
+            if (i == hit) p -= 1.0f;
+            v[i] = p * grad_scale;
+          }
+          uint4 o;
+          o.x = ops_cuda::pack_bf16x2(v[0], v[1]);
+          o.y = ops_cuda::pack_bf16x2(v[2], v[3]);
+          o.z = ops_cuda::pack_bf16x2(v[4], v[5]);
+          o.w = ops_cuda::pack_bf16x2(v[6], v[7]);
+          dv[k] = o;
         }
       }
     }
   } else {
     // A separate dlogits buffer with another alignment: element by element.
-    for (int64_t j = tid; j < V; j += nt) dx[j] = f32_to_bf16_rn(grad(bf16_to_f32(x[j]), j));
+    for (int j = tid; j < V; j += THREADS) dx[j] = grad1(bf16_to_f32(x[j]), j);
   }
+}
+
+// Every compiled (threads, min blocks, unroll) variant, with its kernel.
+using CeKernel = void (*)(float*, uint16_t*, const uint16_t*, const int32_t*, int, int, float, int);
+struct CeVariant {
+  int threads, min_blocks, unroll;
+  CeKernel fn;
+};
+const CeVariant kVariants[] = {
+    {128, 8, 4, cross_entropy_kernel<128, 8, 4>},   {256, 4, 8, cross_entropy_kernel<256, 4, 8>},
+    {256, 3, 8, cross_entropy_kernel<256, 3, 8>},   {512, 2, 4, cross_entropy_kernel<512, 2, 4>},
+    {512, 3, 4, cross_entropy_kernel<512, 3, 4>},   {512, 2, 8, cross_entropy_kernel<512, 2, 8>},
+    {1024, 2, 4, cross_entropy_kernel<1024, 2, 4>}, {1024, 1, 8, cross_entropy_kernel<1024, 1, 8>},
+};
+
+const CeVariant* find_variant(const CeConfig& c) {
+  for (const CeVariant& v : kVariants) {
+    if (v.threads == c.threads && v.min_blocks == c.min_blocks && v.unroll == c.unroll) return &v;
+  }
+  return nullptr;
 }
 
 }  // namespace
 
+CeConfig cross_entropy_default_config(int64_t V) {
+  if (V <= 4096) return {128, 8, 4, 0};
+  if (V <= 65536) return {512, 2, 4, 100 << 10};
+  return {1024, 2, 4, 100 << 10};
+}
+
+std::vector<CeConfig> cross_entropy_candidates() {
+  std::vector<CeConfig> out;
+  for (const CeVariant& v : kVariants) {
+    for (int cache_kb : {0, 32, 64, 100})
+      out.push_back({v.threads, v.min_blocks, v.unroll, cache_kb << 10});
+  }
+  return out;
+}
+
 void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView* dlogits,
                         const TensorView& logits, const TensorView& targets, int ignore_index,
-                        float grad_scale) {
+                        float grad_scale, const CeConfig* config) {
   const int64_t n = logits.size(0), V = logits.size(1);
-  LOWBIT_CHECK(n <= INT32_MAX, "cross_entropy: {} rows exceed the grid", n);
-  const int threads = V <= 4096 ? 128 : V <= 16384 ? 256 : V <= 65536 ? 512 : 1024;
-  // Body vectors of a row (its alignment, hence its head, varies by row for odd V: take the
-  // largest count).
-  const int64_t nvec = V / 8;
-  const int cache_vecs = static_cast<int>(std::min<int64_t>(nvec, kMaxCacheBytes / 16));
+  LOWBIT_CHECK(n <= INT32_MAX && V <= INT32_MAX, "cross_entropy: {} x {} logits exceed the grid", n,
+               V);
+  const CeConfig c = config ? *config : cross_entropy_default_config(V);
+  const CeVariant* var = find_variant(c);
+  LOWBIT_CHECK(var != nullptr, "cross_entropy: no kernel for {} threads, {} blocks, unroll {}",
+               c.threads, c.min_blocks, c.unroll);
+  // Without dlogits there is no second pass, so nothing to cache. The body of a row has at most
+  // V / 8 vectors (the head, hence the body, depends on the row's alignment).
+  const int cache_vecs =
+      dlogits ? static_cast<int>(std::min<int64_t>(V / 8, c.max_cache_bytes / 16)) : 0;
   const size_t smem = static_cast<size_t>(cache_vecs) * 16;
-  LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(
-      cross_entropy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxCacheBytes));
-  cross_entropy_kernel<<<static_cast<unsigned>(n), threads, smem, ctx.stream()>>>(
+  if (smem > (48u << 10)) {
+    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(var->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+  }
+  var->fn<<<static_cast<unsigned>(n), c.threads, smem, ctx.stream()>>>(
       losses.ptr<float>(), dlogits ? dlogits->ptr<uint16_t>() : nullptr,
-      logits.ptr<const uint16_t>(), targets.ptr<const int32_t>(), V, ignore_index, grad_scale,
-      cache_vecs);
+      logits.ptr<const uint16_t>(), targets.ptr<const int32_t>(), static_cast<int>(V), ignore_index,
+      grad_scale, cache_vecs);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -10,6 +10,9 @@
 // target logit of −inf (others finite) gives loss +inf.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "lowbit/core.h"
 
 namespace lowbit::ops_detail {
@@ -25,8 +28,19 @@ void cross_entropy_cpu(const TensorView& losses, const TensorView* dlogits,
 // CUDA (cross_entropy.cu), bf16, on ctx.stream(): one block per row, the row read once with an
 // online max/sum in fp32 (the first part of the row kept in shared memory), then the gradient
 // written in a second pass. A bad target gives a NaN loss and a NaN gradient row.
+struct CeConfig {
+  int threads = 512;                // per block (one row)
+  int min_blocks = 2;               // __launch_bounds__ minimum blocks per SM (caps the registers)
+  int unroll = 4;                   // 16-byte loads in flight per thread
+  int max_cache_bytes = 100 << 10;  // shared memory per block caching the row for pass 2
+};
+// What cross_entropy_fwd_bwd uses for a vocabulary of V.
+CeConfig cross_entropy_default_config(int64_t V);
+// Every compiled combination, for the benchmark sweep (the defaults are among them).
+std::vector<CeConfig> cross_entropy_candidates();
+// `config` overrides the default (must be one of the candidates).
 void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView* dlogits,
                         const TensorView& logits, const TensorView& targets, int ignore_index,
-                        float grad_scale);
+                        float grad_scale, const CeConfig* config = nullptr);
 
 }  // namespace lowbit::ops_detail

@@ -1,11 +1,13 @@
 // CUDA token embedding. Forward: a gather, one thread per 16-byte chunk of an output row.
-// Backward, deterministic without float atomics:
-//   1. keys[n] = tokens[n] (V for an out-of-range token), vals[n] = n;
-//   2. a stable radix sort of (key, val) pairs (CUB), so equal tokens keep increasing positions;
-//   3. one block per run of equal keys (the block at a run's first position does the work) sums
-//      the run's dout rows in that order into fp32 registers and adds the sum to dtable once.
-// This is the CPU twin's order (embedding_ref.cpp), so CPU and GPU agree bit for bit; a row hit
-// by many tokens is summed by one block (fine for natural-language token counts).
+// Backward, deterministic without float atomics (the order of embedding_impl.h, bit for bit the
+// CPU twin's):
+//   1. keys[n] = tokens[n] (V for an out-of-range token, sorted last and skipped), vals[n] = n;
+//   2. a stable radix sort of the (key, val) pairs (CUB): equal tokens keep increasing positions;
+//   3. one block per chunk of kEmbeddingBwdChunk sorted entries sums each run of equal keys in it
+//      (a "piece") in position order; a run wholly inside the chunk is added to dtable directly,
+//      a piece of a run that crosses a chunk boundary goes to a slot of the workspace;
+//   4. the chunk where such a run starts adds its pieces in chunk order and then to dtable.
+// A token that occurs thousands of times is thus summed by many blocks, not serially by one.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "lowbit/core/cuda_check.h"
@@ -56,42 +58,97 @@ __global__ void embedding_keys_kernel(uint32_t* __restrict__ keys, int32_t* __re
   vals[n] = int32_t(n);
 }
 
-// Block b handles the run of equal keys that starts at sorted position b (if one does).
-// dtable [V, D] f32 += Σ_run dout [N, D] rows, in increasing position.
+constexpr int kChunk = int(kEmbeddingBwdChunk);
+
+// Step 3. Block b sums sorted entries [b·C, b·C + C) of dout [N, D] by runs of equal keys.
+// slots [chunks, 2, D] f32: [b][0] the chunk's first piece when its run started in an earlier
+// chunk, [b][1] its last piece when its run started here and continues into the next chunk.
 template <bool kVec>
-__global__ void embedding_bwd_kernel(float* __restrict__ dtable, const uint32_t* __restrict__ keys,
-                                     const int32_t* __restrict__ vals,
-                                     const uint16_t* __restrict__ dout, int64_t n_rows, int64_t d,
-                                     int64_t vocab) {
-  const int64_t b = blockIdx.x;
-  const uint32_t key = keys[b];
-  if (key >= vocab || (b > 0 && keys[b - 1] == key)) return;
+__global__ void embedding_bwd_chunk_kernel(float* __restrict__ dtable, float* __restrict__ slots,
+                                           const uint32_t* __restrict__ keys,
+                                           const int32_t* __restrict__ vals,
+                                           const uint16_t* __restrict__ dout, int64_t n_rows,
+                                           int64_t d, int64_t vocab) {
+  __shared__ uint32_t skey[kChunk];
+  __shared__ int32_t sval[kChunk];
+  const int64_t b = blockIdx.x, start = b * kChunk;
+  const int cnt = int(min(int64_t(kChunk), n_rows - start));
+  if (threadIdx.x < cnt) {
+    skey[threadIdx.x] = keys[start + threadIdx.x];
+    sval[threadIdx.x] = vals[start + threadIdx.x];
+  }
+  const uint32_t prev = start > 0 ? keys[start - 1] : 0xFFFFFFFFu;
+  const uint32_t next = start + cnt < n_rows ? keys[start + cnt] : 0xFFFFFFFFu;
+  __syncthreads();
   constexpr int kE = kVec ? 8 : 1;
   for (int64_t c = int64_t(threadIdx.x) * kE; c < d; c += int64_t(blockDim.x) * kE) {
-    float acc[kE];
+    for (int j = 0; j < cnt;) {
+      const uint32_t key = skey[j];
+      int e = j + 1;
+      while (e < cnt && skey[e] == key) ++e;
+      if (key < vocab) {
+        float acc[kE];
 #pragma unroll
-    for (int k = 0; k < kE; ++k) acc[k] = 0.0f;
-    for (int64_t j = b; j < n_rows && keys[j] == key; ++j) {
-      const uint16_t* row = dout + int64_t(vals[j]) * d + c;
-      if constexpr (kVec) {
-        float v[8];
-        load8(row, v);
+        for (int k = 0; k < kE; ++k) acc[k] = 0.0f;
+#pragma unroll 4
+        for (int r = j; r < e; ++r) {
+          const uint16_t* row = dout + int64_t(sval[r]) * d + c;
+          if constexpr (kVec) {
+            float v[8];
+            load8(row, v);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) acc[k] += v[k];
-      } else {
-        acc[0] += load1(row);
+            for (int k = 0; k < 8; ++k) acc[k] += v[k];
+          } else {
+            acc[0] += load1(row);
+          }
+        }
+        const bool from_prev = j == 0 && prev == key, to_next = e == cnt && next == key;
+        float* dst = from_prev ? slots + (2 * b) * d + c
+                     : to_next ? slots + (2 * b + 1) * d + c
+                               : dtable + int64_t(key) * d + c;
+        if constexpr (kVec) {
+          float v[8];
+          if (from_prev || to_next) {
+            store8(dst, acc);
+          } else {
+            load8_rw(dst, v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[k] += acc[k];
+            store8(dst, v);
+          }
+        } else {
+          dst[0] = (from_prev || to_next) ? acc[0] : dst[0] + acc[0];
+        }
       }
+      j = e;
     }
-    float* dst = dtable + int64_t(key) * d + c;
-    if constexpr (kVec) {
-      float v[8];
-      load8_rw(dst, v);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] += acc[k];
-      store8(dst, v);
-    } else {
-      dst[0] += acc[0];
-    }
+  }
+}
+
+// Step 4. Block b: if the run of its last key starts in chunk b and continues, total =
+// slots[b][1] + slots[b+1][0] + … (in chunk order) and dtable row += total.
+__global__ void embedding_bwd_carry_kernel(float* __restrict__ dtable,
+                                           const float* __restrict__ slots,
+                                           const uint32_t* __restrict__ keys, int64_t n_rows,
+                                           int64_t d, int64_t vocab) {
+  __shared__ int64_t last_chunk;
+  const int64_t b = blockIdx.x, start = b * kChunk, end = min(n_rows, start + kChunk);
+  if (end >= n_rows) return;
+  const uint32_t key = keys[end - 1];
+  if (key >= vocab || keys[end] != key) return;
+  if (keys[start] == key && start > 0 && keys[start - 1] == key) return;  // not the run's start
+  if (threadIdx.x == 0) {
+    // The run covers chunks b+1 … b2 entirely while it continues past their ends.
+    int64_t b2 = b + 1;
+    while ((b2 + 1) * kChunk < n_rows && keys[(b2 + 1) * kChunk] == key) ++b2;
+    last_chunk = b2;
+  }
+  __syncthreads();
+  const int64_t b_last = last_chunk;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float total = slots[(2 * b + 1) * d + c];
+    for (int64_t bb = b + 1; bb <= b_last; ++bb) total += slots[(2 * bb) * d + c];
+    dtable[int64_t(key) * d + c] += total;
   }
 }
 
@@ -136,13 +193,16 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
   LOWBIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
       nullptr, cub_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
       static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, end_bit, s));
+  const int64_t chunks = ceil_div(n_rows, kChunk);
   const size_t arr = align256(size_t(n) * 4);
-  uint8_t* ws = static_cast<uint8_t*>(ctx.workspace(4 * arr + align256(cub_bytes)));
+  const size_t slot_bytes = align256(size_t(chunks) * 2 * size_t(d) * sizeof(float));
+  uint8_t* ws = static_cast<uint8_t*>(ctx.workspace(4 * arr + slot_bytes + align256(cub_bytes)));
   uint32_t* keys_in = reinterpret_cast<uint32_t*>(ws);             // [N]
   int32_t* vals_in = reinterpret_cast<int32_t*>(ws + arr);         // [N]
   uint32_t* keys_out = reinterpret_cast<uint32_t*>(ws + 2 * arr);  // [N], sorted
   int32_t* vals_out = reinterpret_cast<int32_t*>(ws + 3 * arr);    // [N], positions by key
-  void* cub_tmp = ws + 4 * arr;
+  float* slots = reinterpret_cast<float*>(ws + 4 * arr);           // [chunks, 2, D]
+  void* cub_tmp = ws + 4 * arr + slot_bytes;
   embedding_keys_kernel<<<int(ceil_div(n_rows, kThreads)), kThreads, 0, s>>>(
       keys_in, vals_in, tokens.ptr<const int32_t>(), n_rows, vocab);
   LOWBIT_CUDA_CHECK_LAUNCH();
@@ -153,11 +213,17 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
   const bool vec = d % 8 == 0 && aligned16(dt) && aligned16(dy);
   const int64_t lanes = vec ? d / 8 : d;
   const int threads = int(std::min<int64_t>(kThreads, ceil_div(lanes, kWarp) * kWarp));
+  const unsigned grid = static_cast<unsigned>(chunks);
   if (vec) {
-    embedding_bwd_kernel<true><<<n, threads, 0, s>>>(dt, keys_out, vals_out, dy, n_rows, d, vocab);
+    embedding_bwd_chunk_kernel<true>
+        <<<grid, threads, 0, s>>>(dt, slots, keys_out, vals_out, dy, n_rows, d, vocab);
   } else {
-    embedding_bwd_kernel<false><<<n, threads, 0, s>>>(dt, keys_out, vals_out, dy, n_rows, d, vocab);
+    embedding_bwd_chunk_kernel<false>
+        <<<grid, threads, 0, s>>>(dt, slots, keys_out, vals_out, dy, n_rows, d, vocab);
   }
+  LOWBIT_CUDA_CHECK_LAUNCH();
+  const int carry_threads = int(std::min<int64_t>(kThreads, ceil_div(d, kWarp) * kWarp));
+  embedding_bwd_carry_kernel<<<grid, carry_threads, 0, s>>>(dt, slots, keys_out, n_rows, d, vocab);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

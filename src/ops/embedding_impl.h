@@ -9,9 +9,15 @@ namespace lowbit::ops_detail {
 // CPU twin (embedding_ref.cpp). out [N, D] bf16|f32, tokens [N] i32, table [V, D] bf16|f32.
 // Throws UserError for a token outside [0, V) (before writing anything).
 void embedding_fwd_cpu(const TensorView& out, const TensorView& tokens, const TensorView& table);
-// dtable [V, D] f32 += Σ over the tokens equal to v of dout [N, D] bf16|f32 rows: per vocab row,
-// the rows are summed in increasing token position into a zeroed fp32 row, which is then added
-// to dtable once. The GPU follows the same order, so the two agree bit for bit.
+// The backward's summation order, shared by both twins so that they agree bit for bit:
+// positions are sorted by token (stably, so each token's positions stay increasing) and the
+// sorted list is cut into chunks of kEmbeddingBwdChunk entries. A token's run of positions is
+// split by the chunk boundaries into pieces; each piece is summed from a zeroed fp32 row in
+// position order, the pieces are added in order (total = piece0, total += piece1, ...), and the
+// total is added to the dtable row once. (Chunks bound the serial work of a GPU block when one
+// token occurs many times.)
+inline constexpr int64_t kEmbeddingBwdChunk = 16;
+// dtable [V, D] f32 += Σ over the positions n with tokens[n] = v of dout [N, D] bf16|f32 rows.
 void embedding_bwd_cpu(const TensorView& dtable, const TensorView& tokens, const TensorView& dout);
 
 // CUDA (embedding.cu), bf16 only, on ctx.stream(). Out-of-range tokens give NaN rows in the

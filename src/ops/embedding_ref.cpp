@@ -43,16 +43,23 @@ void embedding_bwd_cpu(const TensorView& dtable, const TensorView& tokens, const
   std::vector<int64_t> fill(start.begin(), start.end() - 1);
   for (int64_t n = 0; n < n_rows; ++n) order[fill[tok[n]]++] = n;
 
-  std::vector<float> acc(d), row(d);  // [D] each
-  float* dt = dtable.ptr<float>();    // [V, D]
+  std::vector<float> piece(d), total(d), row(d);  // [D] each
+  float* dt = dtable.ptr<float>();                // [V, D]
   for (int64_t v = 0; v < vocab; ++v) {
     if (start[v] == start[v + 1]) continue;
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int64_t k = start[v]; k < start[v + 1]; ++k) {
-      load_row(dout, order[k] * d, d, row.data());
-      for (int64_t i = 0; i < d; ++i) acc[i] += row[i];
+    // Sorted positions k in [start[v], start[v+1]), cut at multiples of the chunk size.
+    bool first = true;
+    for (int64_t k = start[v]; k < start[v + 1]; first = false) {
+      const int64_t piece_end =
+          std::min(start[v + 1], (k / kEmbeddingBwdChunk + 1) * kEmbeddingBwdChunk);
+      std::fill(piece.begin(), piece.end(), 0.0f);
+      for (; k < piece_end; ++k) {
+        load_row(dout, order[k] * d, d, row.data());
+        for (int64_t i = 0; i < d; ++i) piece[i] += row[i];
+      }
+      for (int64_t i = 0; i < d; ++i) total[i] = first ? piece[i] : total[i] + piece[i];
     }
-    for (int64_t i = 0; i < d; ++i) dt[v * d + i] += acc[i];
+    for (int64_t i = 0; i < d; ++i) dt[v * d + i] += total[i];
   }
 }
 

@@ -124,21 +124,31 @@ __global__ void __launch_bounds__(1024)
   }
   const int64_t row0 = blockIdx.x * rows_per_block;
   const int64_t row_end = min(n_rows, row0 + rows_per_block);
-  for (int64_t base = row0; base < row_end; base += groups) {
-    const int64_t row = base + g;
-    const bool valid = row < row_end;
-    Raw<VEC> xv[VPT], dyv[VPT];
-    float dot = 0.0f;
+  // x and dout of this group's next row are loaded one iteration ahead, so that the loads of
+  // row i + groups are in flight while row i is reduced and written.
+  Raw<VEC> xv[VPT], dyv[VPT];
+  auto load_row = [&](int64_t row, Raw<VEC>* xr, Raw<VEC>* dyr) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int c = (t + k * group_threads) * VEC;
-      if (valid && c < d) {
-        xv[k].load(x + row * d + c);
-        dyv[k].load(dout + row * d + c);
+      if (row < row_end && c < d) {
+        xr[k].load(x + row * d + c);
+        dyr[k].load(dout + row * d + c);
       } else {
-        xv[k].zero();
-        dyv[k].zero();
+        xr[k].zero();
+        dyr[k].zero();
       }
+    }
+  };
+  load_row(row0 + g, xv, dyv);
+  for (int64_t base = row0; base < row_end; base += groups) {
+    const int64_t row = base + g;
+    const bool valid = row < row_end;
+    Raw<VEC> xn[VPT], dyn[VPT];
+    load_row(row + groups, xn, dyn);
+    float dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) dot += __fmul_rn(dyv[k].get(i), wv[k].get(i)) * xv[k].get(i);
     }
@@ -149,22 +159,28 @@ __global__ void __launch_bounds__(1024)
     __syncthreads();
     dot = 0.0f;
     for (int j = 0; j < warps_per_group; ++j) dot += scratch[g * warps_per_group + j];
-    if (!valid) continue;
-    const float r = rstd[row];
-    const float c_row = __fmul_rn(__fmul_rn(__fdiv_rn(dot, float(d)), r), r);
+    if (valid) {
+      const float r = rstd[row];
+      const float c_row = __fmul_rn(__fmul_rn(__fdiv_rn(dot, float(d)), r), r);
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int c = (t + k * group_threads) * VEC;
+        if (c >= d) continue;
+        float o[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          const float xi = xv[k].get(i), dyi = dyv[k].get(i);
+          const float gi = __fmul_rn(dyi, wv[k].get(i));
+          o[i] = __fmul_rn(r, __fsub_rn(gi, __fmul_rn(xi, c_row)));
+          dw_acc[k][i] = __fadd_rn(dw_acc[k][i], __fmul_rn(__fmul_rn(xi, r), dyi));
+        }
+        store_vec<VEC>(dx + row * d + c, o);
+      }
+    }
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-      const int c = (t + k * group_threads) * VEC;
-      if (c >= d) continue;
-      float o[VEC];
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const float xi = xv[k].get(i), dyi = dyv[k].get(i);
-        const float gi = __fmul_rn(dyi, wv[k].get(i));
-        o[i] = __fmul_rn(r, __fsub_rn(gi, __fmul_rn(xi, c_row)));
-        dw_acc[k][i] = __fadd_rn(dw_acc[k][i], __fmul_rn(__fmul_rn(xi, r), dyi));
-      }
-      store_vec<VEC>(dx + row * d + c, o);
+      xv[k] = xn[k];
+      dyv[k] = dyn[k];
     }
   }
   // Fold the groups' partial sums: fold = g0, then fold += g1, g2, … in order.

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -317,30 +318,6 @@ float f16_to_f32(uint16_t h) {
   return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
 }
 
-// Converts a safetensors tensor of F32, BF16 or F16 into `dst` (numel floats).
-void tensor_to_f32(const data::SafeTensor& t, float* dst, const std::string& file,
-                   const std::string& name) {
-  const int64_t n = t.numel();
-  if (t.dtype == "F32") {
-    std::memcpy(dst, t.data.data(), static_cast<size_t>(n) * 4);
-  } else if (t.dtype == "BF16") {
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t b;
-      std::memcpy(&b, t.data.data() + 2 * i, 2);
-      dst[i] = bf16_to_f32(b);
-    }
-  } else if (t.dtype == "F16") {
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t b;
-      std::memcpy(&b, t.data.data() + 2 * i, 2);
-      dst[i] = f16_to_f32(b);
-    }
-  } else {
-    throw UserError(fmt::format("{}: tensor '{}' is {}; weights must be F32, BF16 or F16", file,
-                                name, t.dtype));
-  }
-}
-
 // ---- the directory swap ---------------------------------------------------------------------
 
 // Checks that `target` may be replaced: absent, or a directory holding only names of `ours`.
@@ -370,7 +347,10 @@ void write_dir_atomically(const std::string& target, const char* what,
   const std::string tmp = target + ".tmp-" + pid;
   const std::string old = target + ".old-" + pid;
   const std::string parent = parent_of(target);
-  const bool had_old = fs::exists(target);
+  std::error_code exists_ec;
+  const bool had_old = fs::exists(target, exists_ec);
+  std::string old_state =
+      had_old ? "the previous one there is unchanged" : "nothing was written there";
   try {
     fs::create_directories(parent);
     fs::remove_all(tmp);  // a leftover of an earlier process with the same id
@@ -386,6 +366,7 @@ void write_dir_atomically(const std::string& target, const char* what,
       } catch (...) {
         std::error_code ec;
         fs::rename(old, target, ec);
+        if (ec) old_state = fmt::format("the previous one is at {}: rename it back", old);
         throw;
       }
     } else {
@@ -397,8 +378,7 @@ void write_dir_atomically(const std::string& target, const char* what,
     std::error_code ec;
     fs::remove_all(tmp, ec);
     throw UserError(
-        fmt::format("saving the {} to '{}' failed: {}; {}", what, target, e.what(),
-                    had_old ? "the previous one there is unchanged" : "nothing was written there"));
+        fmt::format("saving the {} to '{}' failed: {}; {}", what, target, e.what(), old_state));
   }
   std::error_code ec;
   fs::remove_all(old, ec);
@@ -761,31 +741,184 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
   return out;
 }
 
-// Copies the tensors "<param name><suffix>" of `f` into `dst` ([P] f32 on the host), checking
-// names and shapes. `used` collects the names taken.
-void take_params(const data::SafeTensorsFile& f, const std::string& file, const ParamArena& arena,
-                 const std::string& suffix, float* dst, std::set<std::string>& used) {
+// ---- safetensors reading, one tensor at a time -------------------------------------------------
+
+bool is_weight_dtype(const std::string& d) { return d == "F32" || d == "BF16" || d == "F16"; }
+
+struct StEntry {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // in the data buffer
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+// A safetensors file whose header is read and validated up front (the checks of
+// data::read_safetensors) and whose tensors are then read one at a time, so that loading a
+// model never holds more than one tensor beyond the model itself.
+class StReader {
+ public:
+  explicit StReader(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    LOWBIT_USER_CHECK(fd_ >= 0, "{}: cannot open the file: {}", path_, errno_text());
+    const off_t size = ::lseek(fd_, 0, SEEK_END);
+    LOWBIT_USER_CHECK(size >= 0, "{}: cannot read the file size: {}", path_, errno_text());
+    const uint64_t file_size = static_cast<uint64_t>(size);
+    LOWBIT_USER_CHECK(file_size >= 8,
+                      "{}: not a safetensors file: {} bytes is shorter than the 8-byte header "
+                      "length (truncated?)",
+                      path_, file_size);
+    uint8_t len_bytes[8];
+    read_at(len_bytes, 8, 0);
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+    LOWBIT_USER_CHECK(header_len <= file_size - 8 && header_len <= (100u << 20),
+                      "{}: header length {} is beyond the file size of {} bytes (truncated or not "
+                      "a safetensors file)",
+                      path_, header_len, file_size);
+    std::string header(header_len, '\0');
+    read_at(header.data(), header_len, 8);
+    data_start_ = 8 + header_len;
+    const uint64_t buffer = file_size - data_start_;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(header);
+    } catch (const nlohmann::json::exception& e) {
+      throw UserError(
+          fmt::format("{}: the header is not valid JSON ({}); the file is damaged or "
+                      "not a safetensors file",
+                      path_, e.what()));
+    }
+    LOWBIT_USER_CHECK(j.is_object(), "{}: the header is not a JSON object", path_);
+    std::vector<std::pair<uint64_t, uint64_t>> spans;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key() == "__metadata__") continue;
+      const nlohmann::json& v = it.value();
+      const std::string& name = it.key();
+      auto bad = [&](const std::string& what) {
+        throw UserError(fmt::format("{}: tensor '{}': {}; the file is damaged", path_, name, what));
+      };
+      if (!v.is_object() || !v.contains("dtype") || !v["dtype"].is_string()) bad("no dtype");
+      StEntry e;
+      e.dtype = v["dtype"].get<std::string>();
+      const int esize = data::safetensors_dtype_size(e.dtype);
+      if (esize == 0) bad(fmt::format("unknown dtype '{}'", e.dtype));
+      if (!v.contains("shape") || !v["shape"].is_array()) bad("no shape");
+      uint64_t numel = 1;
+      for (const auto& d : v["shape"]) {
+        if (!d.is_number_unsigned())
+          bad(fmt::format("shape {} is not a list of sizes", v["shape"].dump()));
+        const uint64_t n = d.get<uint64_t>();
+        if (n != 0 && numel > (uint64_t(1) << 60) / n) bad("the shape is too large");
+        numel *= n;
+        e.shape.push_back(static_cast<int64_t>(n));
+      }
+      const auto& off = v.contains("data_offsets") ? v["data_offsets"] : nlohmann::json();
+      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+          !off[1].is_number_unsigned()) {
+        bad("data_offsets must be two non-negative integers");
+      }
+      e.begin = off[0].get<uint64_t>();
+      e.end = off[1].get<uint64_t>();
+      if (e.begin > e.end || e.end - e.begin != numel * esize) {
+        bad(fmt::format("data_offsets [{}, {}] do not match shape {} of {}", e.begin, e.end,
+                        v["shape"].dump(), e.dtype));
+      }
+      if (e.end > buffer) {
+        bad(fmt::format("data_offsets [{}, {}] are beyond the {} bytes of data (file truncated?)",
+                        e.begin, e.end, buffer));
+      }
+      spans.emplace_back(e.begin, e.end);
+      tensors_.emplace(name, std::move(e));
+    }
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i) {
+      LOWBIT_USER_CHECK(spans[i].first >= spans[i - 1].second,
+                        "{}: tensors with overlapping data_offsets; the file is damaged", path_);
+    }
+  }
+  ~StReader() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  StReader(const StReader&) = delete;
+  StReader& operator=(const StReader&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, StEntry>& tensors() const { return tensors_; }
+  const StEntry* find(const std::string& name) const {
+    auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : &it->second;
+  }
+
+  // Tensor `e` (F32, BF16 or F16) as f32 into dst[numel]; `scratch` holds 16-bit data.
+  void read_f32(const StEntry& e, float* dst, std::vector<uint8_t>& scratch) const {
+    const uint64_t bytes = e.end - e.begin;
+    const int64_t n = e.numel();
+    if (e.dtype == "F32") {
+      read_at(dst, bytes, data_start_ + e.begin);
+      return;
+    }
+    scratch.resize(bytes);
+    read_at(scratch.data(), bytes, data_start_ + e.begin);
+    LOWBIT_CHECK(e.dtype == "BF16" || e.dtype == "F16", "dtype {}", e.dtype);
+    const bool bf16 = e.dtype == "BF16";
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t b;
+      std::memcpy(&b, scratch.data() + 2 * i, 2);
+      dst[i] = bf16 ? bf16_to_f32(b) : f16_to_f32(b);
+    }
+  }
+
+ private:
+  void read_at(void* dst, uint64_t n, uint64_t offset) const {
+    auto* p = static_cast<char*>(dst);
+    while (n > 0) {
+      const ssize_t r =
+          ::pread(fd_, p, std::min<uint64_t>(n, uint64_t(1) << 30), static_cast<off_t>(offset));
+      if (r < 0 && errno == EINTR) continue;
+      LOWBIT_USER_CHECK(r > 0, "{}: reading {} bytes at offset {} failed: {}", path_, n, offset,
+                        r < 0 ? errno_text() : std::string("unexpected end of file (truncated?)"));
+      p += r;
+      n -= static_cast<uint64_t>(r);
+      offset += static_cast<uint64_t>(r);
+    }
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;
+  std::map<std::string, StEntry> tensors_;
+};
+
+// Checks that `r` holds "<param name><suffix>" for every parameter with the parameter's shape
+// and a weight dtype; `used` collects the names.
+void check_params(const StReader& r, const ParamArena& arena, const std::string& suffix,
+                  std::set<std::string>& used) {
   for (const ParamInfo& p : arena.params()) {
     const std::string name = p.name + suffix;
-    auto it = f.tensors.find(name);
-    LOWBIT_USER_CHECK(it != f.tensors.end(),
+    const StEntry* e = r.find(name);
+    LOWBIT_USER_CHECK(e != nullptr,
                       "{}: tensor '{}' is missing; the checkpoint does not hold this model's "
                       "parameters (written for another model?)",
-                      file, name);
+                      r.path(), name);
     const std::vector<int64_t> want = shape_vec(p.shape);
-    LOWBIT_USER_CHECK(it->second.shape == want,
+    LOWBIT_USER_CHECK(e->shape == want,
                       "{}: tensor '{}' has shape {} but the model expects {}; the checkpoint was "
                       "written for another model config",
-                      file, name, shape_str(it->second.shape), shape_str(want));
-    tensor_to_f32(it->second, dst + p.offset, file, name);
+                      r.path(), name, shape_str(e->shape), shape_str(want));
+    LOWBIT_USER_CHECK(is_weight_dtype(e->dtype),
+                      "{}: tensor '{}' is {}; parameters must be F32, BF16 or F16", r.path(), name,
+                      e->dtype);
     used.insert(name);
   }
 }
 
-void check_all_used(const data::SafeTensorsFile& f, const std::string& file,
-                    const std::set<std::string>& used) {
+void check_all_used(const StReader& r, const std::set<std::string>& used) {
   std::vector<std::string> extra;
-  for (const auto& [name, t] : f.tensors) {
+  for (const auto& [name, e] : r.tensors()) {
     if (!used.count(name)) extra.push_back("'" + name + "'");
   }
   if (extra.empty()) return;
@@ -794,23 +927,31 @@ void check_all_used(const data::SafeTensorsFile& f, const std::string& file,
   throw UserError(
       fmt::format("{}: {} tensor{} that this model does not have ({}{}); the "
                   "checkpoint was written for another model",
-                  file, n, n == 1 ? "" : "s", join(extra, ", "), n > 5 ? ", …" : ""));
+                  r.path(), n, n == 1 ? "" : "s", join(extra, ", "), n > 5 ? ", …" : ""));
 }
 
-// Delayed-scaling tensors of one pass staged on the host, to be copied in.
-struct Fp8Staged {
-  DelayedScalingState* state = nullptr;
-  Tensor history, scale, scale_inv;
+// Copies f32 data into `dst` (any device) through a host buffer when needed.
+class SegmentLoader {
+ public:
+  // Reads tensor `e` of `r` into the contiguous f32 view `dst`.
+  void load(const StReader& r, const StEntry& e, const TensorView& dst) {
+    if (dst.device.is_cpu()) {
+      r.read_f32(e, dst.ptr<float>(), scratch_);
+      return;
+    }
+    host_.resize(static_cast<size_t>(e.numel()));
+    r.read_f32(e, host_.data(), scratch_);
+    copy_tensor(dst, TensorView(host_.data(), DType::kF32, dst.shape, Device::cpu()));
+  }
+
+ private:
+  std::vector<float> host_;
+  std::vector<uint8_t> scratch_;
 };
 
-Tensor host_f32(const data::SafeTensor& t, const std::string& file, const std::string& name) {
-  Shape s;
-  s.ndim = static_cast<int>(t.shape.size());
-  LOWBIT_USER_CHECK(s.ndim <= kMaxDims, "{}: tensor '{}' has {} dimensions", file, name, s.ndim);
-  for (int i = 0; i < s.ndim; ++i) s.d[i] = t.shape[i];
-  Tensor out = Tensor::empty(s, DType::kF32, Device::cpu());
-  tensor_to_f32(t, out.ptr<float>(), file, name);
-  return out;
+// The view of parameter `p` in a [P] f32 arena buffer.
+TensorView param_view(const Tensor& all, const ParamInfo& p) {
+  return TensorView(all.ptr<float>() + p.offset, DType::kF32, p.shape, all.device());
 }
 
 }  // namespace
@@ -844,24 +985,6 @@ CheckpointState load_checkpoint(const std::string& dir, LlamaModel& model, bool 
                     "the checkpoint's config ({}/config.json) to load it",
                     d, join(diffs, "; "), d);
   if (!seq_note.empty()) st.notes.push_back(seq_note);
-
-  const ojson& files = t["files"];
-  const std::string model_path = d + "/" + kCheckpointModelFile;
-  const std::string opt_path = d + "/" + kCheckpointOptimizerFile;
-  verify_file(d, files, kCheckpointModelFile);
-  if (files.contains(kCheckpointConfigFile)) verify_file(d, files, kCheckpointConfigFile);
-  if (load_optimizer) verify_file(d, files, kCheckpointOptimizerFile);
-
-  ParamArena& arena = model.params();
-  const int64_t P = arena.size();
-  Tensor master = Tensor::zeros({P}, DType::kF32, Device::cpu());
-  {
-    const data::SafeTensorsFile f = data::read_safetensors(model_path);
-    std::set<std::string> used;
-    take_params(f, model_path, arena, "", master.ptr<float>(), used);
-    check_all_used(f, model_path, used);
-  }
-
   st.recipe = t["recipe"].get<std::string>();
   const std::string model_recipe = recipe_name(model.plan().recipe);
   if (st.recipe != model_recipe) {
@@ -870,25 +993,41 @@ CheckpointState load_checkpoint(const std::string& dir, LlamaModel& model, bool 
         st.recipe, model_recipe, load_optimizer ? " and optimizer moments" : ""));
   }
 
-  Tensor m, v;
-  std::vector<Fp8Staged> fp8;
-  if (load_optimizer) {
-    m = Tensor::zeros({P}, DType::kF32, Device::cpu());
-    v = Tensor::zeros({P}, DType::kF32, Device::cpu());
-    const data::SafeTensorsFile f = data::read_safetensors(opt_path);
+  // Every check runs before the model is touched: sizes and checksums of the files, then the
+  // names, shapes and dtypes of every tensor.
+  const ojson& files = t["files"];
+  verify_file(d, files, kCheckpointModelFile);
+  if (files.contains(kCheckpointConfigFile)) verify_file(d, files, kCheckpointConfigFile);
+  if (load_optimizer) verify_file(d, files, kCheckpointOptimizerFile);
+
+  ParamArena& arena = model.params();
+  const StReader weights(d + "/" + kCheckpointModelFile);
+  {
     std::set<std::string> used;
-    take_params(f, opt_path, arena, ".exp_avg", m.ptr<float>(), used);
-    take_params(f, opt_path, arena, ".exp_avg_sq", v.ptr<float>(), used);
+    check_params(weights, arena, "", used);
+    check_all_used(weights, used);
+  }
+  std::unique_ptr<StReader> opt;
+  struct Fp8Load {
+    DelayedScalingState* state;
+    const StEntry *history, *scale, *scale_inv;
+  };
+  std::vector<Fp8Load> fp8;
+  if (load_optimizer) {
+    opt = std::make_unique<StReader>(d + "/" + kCheckpointOptimizerFile);
+    std::set<std::string> used;
+    check_params(*opt, arena, ".exp_avg", used);
+    check_params(*opt, arena, ".exp_avg_sq", used);
     for (const Fp8Pass& pass : fp8_passes(model)) {
       const std::string prefix = fmt::format("fp8.{}.", pass.name);
-      for (const auto& [name, tensor] : f.tensors) {
+      for (const auto& [name, e] : opt->tensors()) {
         if (name.rfind(prefix, 0) == 0) used.insert(name);
       }
       if (!pass.state) continue;
-      auto hist = f.tensors.find(prefix + "amax_history");
-      auto scale = f.tensors.find(prefix + "scale");
-      auto scale_inv = f.tensors.find(prefix + "scale_inv");
-      if (hist == f.tensors.end() || scale == f.tensors.end()) {
+      const StEntry* hist = opt->find(prefix + "amax_history");
+      const StEntry* scale = opt->find(prefix + "scale");
+      const StEntry* scale_inv = opt->find(prefix + "scale_inv");
+      if (!hist || !scale || !scale_inv) {
         st.notes.push_back(fmt::format(
             "the checkpoint has no fp8 {} scaling state (recipe {}): its scales start fresh",
             pass.name, st.recipe));
@@ -896,44 +1035,40 @@ CheckpointState load_checkpoint(const std::string& dir, LlamaModel& model, bool 
       }
       const std::vector<int64_t> want_h = shape_vec(pass.state->amax_history().shape());
       const std::vector<int64_t> want_s = shape_vec(pass.state->scale().shape());
-      if (hist->second.shape != want_h || scale->second.shape != want_s ||
-          (scale_inv != f.tensors.end() && scale_inv->second.shape != want_s)) {
+      if (hist->shape != want_h || scale->shape != want_s || scale_inv->shape != want_s) {
         st.notes.push_back(fmt::format(
             "the checkpoint's fp8 {} amax history is {}, the model's {} (another amax history "
             "length or layer count): its scales start fresh",
-            pass.name, shape_str(hist->second.shape), shape_str(want_h)));
+            pass.name, shape_str(hist->shape), shape_str(want_h)));
         continue;
       }
-      Fp8Staged s;
-      s.state = pass.state;
-      s.history = host_f32(hist->second, opt_path, hist->first);
-      s.scale = host_f32(scale->second, opt_path, scale->first);
-      if (scale_inv != f.tensors.end()) {
-        s.scale_inv = host_f32(scale_inv->second, opt_path, scale_inv->first);
-      } else {
-        s.scale_inv = Tensor::empty(s.scale.shape(), DType::kF32, Device::cpu());
-        for (int64_t i = 0; i < s.scale.numel(); ++i) {
-          s.scale_inv.ptr<float>()[i] = 1.0f / s.scale.ptr<float>()[i];
-        }
+      for (const StEntry* e : {hist, scale, scale_inv}) {
+        LOWBIT_USER_CHECK(e->dtype == "F32", "{}: fp8 {} scaling state is {}, not F32", opt->path(),
+                          pass.name, e->dtype);
       }
-      fp8.push_back(std::move(s));
+      fp8.push_back({pass.state, hist, scale, scale_inv});
     }
-    check_all_used(f, opt_path, used);
+    check_all_used(*opt, used);
   }
 
-  // Everything read and checked: only now is the model changed.
-  copy_tensor(arena.master_all, master);
+  // Copy in, one tensor at a time.
+  SegmentLoader loader;
+  for (const ParamInfo& p : arena.params()) {
+    loader.load(weights, *weights.find(p.name), param_view(arena.master_all, p));
+  }
   if (load_optimizer) {
-    copy_tensor(arena.m_all, m);
-    copy_tensor(arena.v_all, v);
+    for (const ParamInfo& p : arena.params()) {
+      loader.load(*opt, *opt->find(p.name + ".exp_avg"), param_view(arena.m_all, p));
+      loader.load(*opt, *opt->find(p.name + ".exp_avg_sq"), param_view(arena.v_all, p));
+    }
+    for (const Fp8Load& f : fp8) {
+      loader.load(*opt, *f.history, f.state->amax_history());
+      loader.load(*opt, *f.scale, f.state->scale());
+      loader.load(*opt, *f.scale_inv, f.state->scale_inv());
+    }
   } else {
     fill_bytes(arena.m_all, 0);
     fill_bytes(arena.v_all, 0);
-  }
-  for (const Fp8Staged& s : fp8) {
-    copy_tensor(s.state->amax_history(), s.history);
-    copy_tensor(s.state->scale(), s.scale);
-    copy_tensor(s.state->scale_inv(), s.scale_inv);
   }
   model.sync_compute_weights();
 
@@ -950,8 +1085,7 @@ CheckpointState load_checkpoint(const std::string& dir, LlamaModel& model, bool 
   return st;
 }
 
-// ---- Hugging Face weights
-// -------------------------------------------------------------------------
+// ---- Hugging Face weights -----------------------------------------------------------------------
 
 void load_hf_weights(const std::string& dir, LlamaModel& model) {
   const std::string d = normalize_dir(dir, "Hugging Face model");
@@ -1012,14 +1146,16 @@ void load_hf_weights(const std::string& dir, LlamaModel& model) {
     throw UserError(fmt::format("{}: no model.safetensors or model.safetensors.index.json", d));
   }
 
+  // Every header first: each parameter found once, with its shape and a weight dtype.
   ParamArena& arena = model.params();
   const std::vector<ParamInfo>& ps = arena.params();
-  Tensor master = Tensor::zeros({arena.size()}, DType::kF32, Device::cpu());
-  std::vector<std::string> source(ps.size());
+  std::vector<std::unique_ptr<StReader>> readers;
+  std::vector<std::pair<const StReader*, const StEntry*>> source(ps.size(), {nullptr, nullptr});
   std::vector<std::string> extra;
   for (const std::string& path : shards) {
-    const data::SafeTensorsFile f = data::read_safetensors(path);
-    for (const auto& [name, t] : f.tensors) {
+    readers.push_back(std::make_unique<StReader>(path));
+    const StReader& r = *readers.back();
+    for (const auto& [name, e] : r.tensors()) {
       const int i = arena.find(name);
       if (i < 0) {
         const bool skip = (name.size() >= 20 &&
@@ -1028,13 +1164,16 @@ void load_hf_weights(const std::string& dir, LlamaModel& model) {
         if (!skip) extra.push_back("'" + name + "'");
         continue;
       }
-      LOWBIT_USER_CHECK(source[i].empty(), "{}: tensor '{}' is also in {}", path, name, source[i]);
+      LOWBIT_USER_CHECK(source[i].first == nullptr, "{}: tensor '{}' is also in {}", path, name,
+                        source[i].first ? source[i].first->path() : "");
       const std::vector<int64_t> want = shape_vec(ps[i].shape);
-      LOWBIT_USER_CHECK(t.shape == want,
+      LOWBIT_USER_CHECK(e.shape == want,
                         "{}: tensor '{}' has shape {} but the model expects {} (from {})", path,
-                        name, shape_str(t.shape), shape_str(want), config_path);
-      tensor_to_f32(t, master.ptr<float>() + ps[i].offset, path, name);
-      source[i] = path;
+                        name, shape_str(e.shape), shape_str(want), config_path);
+      LOWBIT_USER_CHECK(is_weight_dtype(e.dtype),
+                        "{}: tensor '{}' is {}; weights must be F32, BF16 or F16", path, name,
+                        e.dtype);
+      source[i] = {&r, &e};
     }
   }
   if (!extra.empty()) {
@@ -1047,7 +1186,7 @@ void load_hf_weights(const std::string& dir, LlamaModel& model) {
   }
   std::vector<std::string> missing;
   for (size_t i = 0; i < ps.size(); ++i) {
-    if (source[i].empty()) missing.push_back("'" + ps[i].name + "'");
+    if (!source[i].first) missing.push_back("'" + ps[i].name + "'");
   }
   if (!missing.empty()) {
     const size_t n = missing.size();
@@ -1057,7 +1196,10 @@ void load_hf_weights(const std::string& dir, LlamaModel& model) {
                     "incomplete or belong to another model",
                     d, n, n == 1 ? " is" : "s are", join(missing, ", "), n > 5 ? ", …" : ""));
   }
-  copy_tensor(arena.master_all, master);
+  SegmentLoader loader;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    loader.load(*source[i].first, *source[i].second, param_view(arena.master_all, ps[i]));
+  }
   fill_bytes(arena.m_all, 0);
   fill_bytes(arena.v_all, 0);
   model.sync_compute_weights();

@@ -94,7 +94,8 @@ std::string format_mem_stats(const MemStats& stats) {
 // ---- ProgressBar -----------------------------------------------------------------------------
 
 ProgressBar::ProgressBar(int64_t total_steps, int64_t start_step, std::FILE* out, Mode mode)
-    : total_(total_steps), start_(start_step), out_(out ? out : stdout) {
+    : total_(total_steps), out_(out ? out : stdout) {
+  (void)start_step;  // the rates start from the first update, whatever step that is
   if (mode == Mode::kAuto) {
     tty_ = ::isatty(::fileno(out_)) != 0;
   } else {

@@ -157,12 +157,26 @@ TrainData open_train_data(const TrainOptions& opt) {
     shard_desc = input;
   } else {
     // Tokenize once per (corpus, tokenizer): the shards live in the run directory.
+    // The shards are reused while the tokenizer and the input file (path, size, modification
+    // time, recorded in source.json) are unchanged.
     const fs::path dir = fs::path(opt.out_dir) / "tokens";
-    if (manifest_fingerprint(dir) != tok->fingerprint()) {
+    nlohmann::json source;
+    source["input"] = fs::absolute(input).string();
+    source["size"] = static_cast<int64_t>(fs::file_size(input));
+    source["mtime"] = static_cast<int64_t>(fs::last_write_time(input).time_since_epoch().count());
+    source["fingerprint"] = tok->fingerprint_hex();
+    std::string recorded;
+    {
+      std::ifstream in(dir / "source.json");
+      if (in) std::getline(in, recorded);
+    }
+    if (manifest_fingerprint(dir) != tok->fingerprint() || recorded != source.dump()) {
       data::CorpusOptions co;
       co.inputs = {input};
       co.output_dir = dir.string();
       data::tokenize_corpus(*tok, co);
+      std::ofstream out(dir / "source.json");
+      out << source.dump() << "\n";
     }
     const std::vector<std::string> paths{dir.string()};
     shards = data::open_shards(paths, tok->fingerprint());

@@ -14,6 +14,7 @@
 #include "lowbit/train/checkpoint.h"
 #include "lowbit/train/metrics.h"
 #include "lowbit/train/schedule.h"
+#include "lowbit/train/step.h"
 #include "train/train_data.h"
 
 namespace lowbit {
@@ -85,8 +86,8 @@ void check_options(const TrainOptions& o) {
   }
 }
 
-ModelConfig build_model_config(const TrainOptions& o, int64_t vocab) {
-  ModelConfig c = model_preset(o.preset);
+ModelConfig build_model_config(const TrainOptions& o, int64_t vocab, bool on_gpu) {
+  ModelConfig c = model_preset(o.preset.empty() ? (on_gpu ? "124m" : "tiny") : o.preset);
   if (!o.model_config.empty()) c = model_config_from_file(o.model_config, c);
   if (o.d_model > 0) c.d_model = o.d_model;
   if (o.n_layers > 0) c.n_layers = o.n_layers;
@@ -161,10 +162,13 @@ struct Sampler {
 
 }  // namespace
 
-TrainResult train(const TrainOptions& opt) {
-  check_options(opt);
+TrainResult train(const TrainOptions& options) {
   const auto t_start = Clock::now();
-  Context ctx = opt.force_cpu ? Context(Device::cpu()) : Context::create_default();
+  Context ctx = options.force_cpu ? Context(Device::cpu()) : Context::create_default();
+  TrainOptions opt = options;
+  if (opt.batch_size == 0) opt.batch_size = ctx.on_gpu() ? 16 : 8;
+  if (opt.seq_len == 0) opt.seq_len = ctx.on_gpu() ? 1024 : 128;
+  check_options(opt);
   ctx.set_seed(opt.seed);
   std::vector<GpuInfo> gpus = ctx.on_gpu() ? list_gpus() : std::vector<GpuInfo>();
   const GpuInfo* gpu = ctx.on_gpu() && !gpus.empty() ? &gpus[ctx.device().index] : nullptr;
@@ -174,7 +178,16 @@ TrainResult train(const TrainOptions& opt) {
 
   // ---- data ----
   train_detail::TrainData data = train_detail::open_train_data(opt);
-  const ModelConfig mcfg = build_model_config(opt, data.vocab_size());
+  // A resumed run continues the checkpoint's model (its shape flags need not be repeated).
+  const ModelConfig mcfg = opt.resume.empty()
+                               ? build_model_config(opt, data.vocab_size(), ctx.on_gpu())
+                               : checkpoint_model_config(opt.resume);
+  if (mcfg.vocab_size < data.vocab_size()) {
+    throw UserError(
+        fmt::format("the model's vocabulary ({}) is smaller than the data's ({}): the "
+                    "checkpoint was trained with another tokenizer",
+                    mcfg.vocab_size, data.vocab_size()));
+  }
   const PrecisionPlan plan = resolve_precision(recipe, mcfg, opt.precision);
   std::printf("lowbit train: %s model (%.1fM parameters), %s, on %s\n", mcfg.preset.c_str(),
               mcfg.num_params() / 1e6, recipe_name(recipe), gpu ? gpu->name.c_str() : "the CPU");
@@ -192,7 +205,8 @@ TrainResult train(const TrainOptions& opt) {
     tokens_seen = st.tokens;
     data.restore(st.data_state_json);
     ctx.set_seed(st.rng_seed);
-    for (uint64_t i = 0; i < st.rng_offset; ++i) ctx.take_rng_offset();
+    ctx.set_rng_offset(st.rng_offset);
+    for (const std::string& note : st.notes) std::printf("resume: %s\n", note.c_str());
     std::printf(
         "resumed from %s at step %lld%s\n", opt.resume.c_str(), static_cast<long long>(start_step),
         prev == recipe_name(recipe)
@@ -207,13 +221,8 @@ TrainResult train(const TrainOptions& opt) {
   }
   mem_reset_peaks(ctx.device());
 
-  const ParamArena& arena = model.params();
-  const std::vector<ParamSegment>& segs = arena.segments();
   const Device dev = ctx.device();
-  Tensor sumsq = Tensor::zeros({static_cast<int64_t>(segs.size())}, DType::kF32, dev);
-  Tensor norm = Tensor::zeros({1}, DType::kF32, dev);
-  Tensor coef = Tensor::zeros({1}, DType::kF32, dev);
-  Tensor skip = Tensor::zeros({1}, DType::kI32, dev);
+  StepRunner runner(model, ctx);
 
   LrSchedule sched;
   sched.peak_lr = opt.lr;
@@ -249,7 +258,7 @@ TrainResult train(const TrainOptions& opt) {
     st.data_state_json = data.state_json();
     st.train_config_json = "{}";
     st.rng_seed = ctx.seed();
-    st.rng_offset = ctx.take_rng_offset();
+    st.rng_offset = ctx.rng_offset();
     save_checkpoint(dir, model, st);
     result.checkpoint_dir = dir;
   };
@@ -258,6 +267,11 @@ TrainResult train(const TrainOptions& opt) {
   int64_t step = start_step;
   bool first = true;
   for (; step < opt.total_steps; ++step) {
+    if (opt.stop_at_step > 0 && step >= opt.stop_at_step) {
+      std::printf("stopping at step %lld as asked (--stop_at_step)\n",
+                  static_cast<long long>(step));
+      break;
+    }
     if (opt.time_limit_minutes > 0 && seconds_since(t_start) > opt.time_limit_minutes * 60) {
       std::printf("time limit of %.1f minutes reached at step %lld\n", opt.time_limit_minutes,
                   static_cast<long long>(step));
@@ -265,28 +279,12 @@ TrainResult train(const TrainOptions& opt) {
     }
     const auto t0 = Clock::now();
     const float lr = static_cast<float>(sched.lr_at(step));
-    // All micro-batches first: the loss gradient of every token is scaled by 1 / (valid
-    // tokens of the whole step), known on the host before the backward.
-    std::vector<train_detail::Batch> micro(opt.grad_accum_steps);
-    int64_t valid = 0;
-    for (auto& b : micro) {
+    std::vector<train_detail::Batch> batches(opt.grad_accum_steps);
+    std::vector<MicroBatch> micro;
+    for (auto& b : batches) {
       data.next_train(B, T, b);
-      valid += b.valid;
+      micro.push_back({b.tokens, b.targets, b.valid});
     }
-    fill_bytes(arena.grad_all, 0);
-    model.quantize_weights();
-    double loss_sum = 0;
-    for (auto& b : micro) {
-      ForwardOptions fo;
-      fo.activation_checkpointing = opt.activation_checkpointing;
-      fo.loss_chunk_rows = opt.loss_chunk_rows;
-      const StepStats s = model.forward_backward(b.tokens, b.targets, B, T,
-                                                 1.0f / float(std::max<int64_t>(valid, 1)), fo);
-      loss_sum += s.loss_sum;
-    }
-    tokens_seen += int64_t(B) * T * opt.grad_accum_steps;
-    segment_sumsq(ctx, sumsq, arena.grad_all, segs);
-    clip_coefficient(ctx, norm, coef, skip, sumsq, opt.grad_clip);
     AdamWConfig ac;
     ac.lr = lr;
     ac.beta1 = opt.beta1;
@@ -294,31 +292,22 @@ TrainResult train(const TrainOptions& opt) {
     ac.eps = opt.adam_eps;
     ac.weight_decay = opt.weight_decay;
     ac.step = step + 1 - skipped;
-    const TensorView compute = arena.compute_all.view();
-    adamw_step(ctx, arena.master_all, arena.grad_all, arena.m_all, arena.v_all, &compute, segs, ac,
-               coef, skip);
-    if (DelayedScalingState* s = model.fp8_forward_state()) s->update(&ctx);
-    if (DelayedScalingState* s = model.fp8_backward_state()) s->update(&ctx);
-    // One read-back per step: the norm and the guard's verdict.
-    const Tensor nh = Tensor::copy_of(norm, Device::cpu());
-    const Tensor kh = Tensor::copy_of(skip, Device::cpu());
-    const double gnorm = nh.ptr<float>()[0];
-    const double loss = loss_sum / double(std::max<int64_t>(valid, 1));
-    const bool skipped_now = kh.ptr<int32_t>()[0] != 0 || !std::isfinite(loss);
+    ForwardOptions fo;
+    fo.activation_checkpointing = opt.activation_checkpointing;
+    fo.loss_chunk_rows = opt.loss_chunk_rows;
+    const StepOutcome so = runner.step(micro, B, T, ac, opt.grad_clip, fo);
+    tokens_seen += int64_t(B) * T * opt.grad_accum_steps;
+    const double gnorm = so.grad_norm;
+    const double loss = so.loss;
+    const bool skipped_now = so.skipped;
     if (skipped_now) {
       ++skipped;
-      const Tensor sh = Tensor::copy_of(sumsq, Device::cpu());
-      std::string where = "none (the loss itself)";
-      for (size_t i = 0; i < segs.size(); ++i) {
-        if (!std::isfinite(sh.ptr<float>()[i])) {
-          where = arena.params()[i].name;
-          break;
-        }
-      }
       std::printf(
           "step %lld: non-finite loss or gradient, update skipped (first non-finite "
           "gradient: %s; %lld skipped so far)\n",
-          static_cast<long long>(step), where.c_str(), static_cast<long long>(skipped));
+          static_cast<long long>(step),
+          so.non_finite.empty() ? "none (the loss itself)" : so.non_finite.c_str(),
+          static_cast<long long>(skipped));
     }
     const double dt = seconds_since(t0);
     const double tok_s = double(B) * T * opt.grad_accum_steps / dt;

@@ -360,8 +360,8 @@ TEST(AttentionGpu, PerfSdpaShapes) {
       const test::Perf p = test::time_gpu(
           ctx, [&] { attn::attention_fwd_cuda(ctx, out, lse, q, k, v, scale, &t); }, 0, fwd_flops,
           2, 10);
-      std::printf("    fwd  %d warps x %3d keys: %.3f ms (%.1f TFLOP/s)\n", t.fwd_warps, t.fwd_bc,
-                  p.ms, p.tflop_per_s);
+      std::printf("    fwd  %d warps x %d m-tiles, %3d-key tiles: %.3f ms (%.1f TFLOP/s)\n",
+                  t.fwd_warps, t.fwd_mt, t.fwd_bc, p.ms, p.tflop_per_s);
     }
     for (const attn::CudaTiles& t : attn::candidate_bwd_tiles(static_cast<int>(s.Dh))) {
       const test::Perf p = test::time_gpu(
@@ -369,9 +369,9 @@ TEST(AttentionGpu, PerfSdpaShapes) {
           [&] { attn::attention_bwd_cuda(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale, &t); }, 0,
           bwd_flops, 2, 10);
       std::printf(
-          "    bwd  dkv %d warps x %3d queries, dq %d warps x %3d keys: %.3f ms (%.1f "
-          "TFLOP/s)\n",
-          t.dkv_warps, t.dkv_br, t.dq_warps, t.dq_bc, p.ms, p.tflop_per_s);
+          "    bwd  dkv %d warps x %d m-tiles, %3d-query tiles; dq %d warps x %d m-tiles, "
+          "%3d-key tiles: %.3f ms (%.1f TFLOP/s)\n",
+          t.dkv_warps, t.dkv_mt, t.dkv_br, t.dq_warps, t.dq_mt, t.dq_bc, p.ms, p.tflop_per_s);
     }
   }
 }

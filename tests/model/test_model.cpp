@@ -182,8 +182,7 @@ TEST(ModelGradientTest, BackwardMatchesFiniteDifferences) {
       w[i] = keep;
       const double h = double(at[1]) - double(keep);
       const double fd = (-f[0] + 8 * f[1] - 8 * f[2] + f[3]) / (12.0 * h);
-      EXPECT_NEAR(g[i], fd, 3e-2 * std::fabs(fd) + 2e-4)
-          << p.name << " element " << (i - p.offset);
+      EXPECT_NEAR(g[i], fd, 3e-2 * std::fabs(fd) + 2e-4) << p.name << " element " << (i - p.offset);
       ++checked;
     }
   }

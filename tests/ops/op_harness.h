@@ -25,7 +25,8 @@
 //   Fill::small()                 ±2^[-133, -119]: bf16 subnormals and the smallest normals
 //   Fill::specials(stddev)        gaussian with +inf, -inf and NaN sprinkled (always ≥ 1 each
 //                                 when the tensor has ≥ 3 elements)
-//   Fill::custom(name, fn)        fn(flat index) -> value, e.g. a fixed token pattern
+//   Fill::custom(name, fn)        fn(flat index) -> value, e.g. a fixed token pattern (fn
+//                                 must be pure: large tensors are filled by several threads)
 //   standard_fills()              {gaussian, zeros, large, small, specials}
 // Values are generated in double and stored with the arg's dtype rounding (bf16: RN).
 //
@@ -77,6 +78,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -262,45 +264,49 @@ inline constexpr int64_t kGuardBytes = 256;  // keeps the view 256-byte aligned
 
 inline uint8_t guard_byte(int64_t i) { return static_cast<uint8_t>(i * 131 + 17); }
 
+// Uniform in [0, 1) from the 24 high bits of a Philox word.
+inline double unit(uint32_t w) { return double(w >> 8) * 0x1p-24; }
+
+// A standard normal value for element i of stream (seed, stream) (Box-Muller over one Philox
+// block), for tests that build their own inputs.
 inline double philox_gauss(uint64_t seed, uint64_t stream, int64_t i) {
-  const double u1 = philox_uniform(seed, stream, 2 * uint64_t(i)) + 0x1p-25;
-  const double u2 = philox_uniform(seed, stream, 2 * uint64_t(i) + 1);
+  const Philox4 r = philox_block(seed, stream, uint64_t(i));
+  const double u1 = unit(r.v[0]) + 0x1p-25, u2 = unit(r.v[1]);
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
+// One Philox block per element: four independent words for the fill's choices.
 inline double fill_value(const Fill& f, uint64_t seed, uint64_t stream, int64_t i, int64_t n) {
+  if (f.kind == Fill::Kind::kConstant) return f.a;
+  if (f.kind == Fill::Kind::kCustom) return f.fn(i);
+  const Philox4 r = philox_block(seed, stream, uint64_t(i));
+  const double sign = (r.v[2] & 1) ? -1.0 : 1.0;
+  auto gauss = [&] {  // Box-Muller
+    const double u1 = unit(r.v[0]) + 0x1p-25, u2 = unit(r.v[1]);
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  };
   switch (f.kind) {
-    case Fill::Kind::kGaussian: return f.b + f.a * philox_gauss(seed, stream, i);
-    case Fill::Kind::kUniform: return f.a + (f.b - f.a) * philox_uniform(seed, stream, 2 * i);
-    case Fill::Kind::kConstant: return f.a;
+    case Fill::Kind::kGaussian: return f.b + f.a * gauss();
+    case Fill::Kind::kUniform: return f.a + (f.b - f.a) * unit(r.v[0]);
     case Fill::Kind::kInts: {
       const uint64_t span = uint64_t(f.b - f.a);
-      return f.a + double(span ? philox_uint32(seed, stream, i) % span : 0);
+      return f.a + double(span ? r.v[0] % span : 0);
     }
-    case Fill::Kind::kLarge: {
-      const double u = philox_uniform(seed, stream, 2 * i);
-      const double s = (philox_uint32(seed, stream, 2 * i + 1) & 1) ? -1.0 : 1.0;
-      return s * f.a * (0.25 + 0.75 * u);
-    }
-    case Fill::Kind::kSmall: {
-      const double u = philox_uniform(seed, stream, 2 * i);
-      const double s = (philox_uint32(seed, stream, 2 * i + 1) & 1) ? -1.0 : 1.0;
-      return s * std::ldexp(1.0 + u, -133 + int(14 * philox_uniform(seed, stream ^ 7, i)));
-    }
+    case Fill::Kind::kLarge: return sign * f.a * (0.25 + 0.75 * unit(r.v[0]));
+    case Fill::Kind::kSmall:
+      return sign * std::ldexp(1.0 + unit(r.v[0]), -133 + int(14 * unit(r.v[1])));
     case Fill::Kind::kSpecials: {
       if (n >= 3 && i == n / 3) return INFINITY;
       if (n >= 3 && i == (2 * n) / 3) return -INFINITY;
       if (n >= 3 && i == n - 1) return NAN;
-      const uint32_t r = philox_uint32(seed, stream ^ 0x5bu, i) % 64;
-      if (r == 0) return INFINITY;
-      if (r == 1) return -INFINITY;
-      if (r == 2) return NAN;
-      return f.a * philox_gauss(seed, stream, i);
+      const uint32_t pick = r.v[3] % 64;
+      if (pick == 0) return INFINITY;
+      if (pick == 1) return -INFINITY;
+      if (pick == 2) return NAN;
+      return f.a * gauss();
     }
-    case Fill::Kind::kPoison: return NAN;  // not used: poison is written as bytes
-    case Fill::Kind::kCustom: return f.fn(i);
+    default: return 0.0;
   }
-  return 0.0;
 }
 
 inline void store_value(DType t, void* p, double v) {
@@ -409,13 +415,24 @@ inline Buffer make_buffer(const ArgSpec& spec, uint64_t seed, uint64_t stream) {
   uint8_t* p = static_cast<uint8_t*>(b.host.data());
   for (int64_t i = 0; i < total; ++i) p[i] = guard_byte(i);
   const int64_t n = int64_t(b.offsets.size());
-  for (int64_t e = 0; e < n; ++e) {
-    if (spec.fill.kind == Fill::Kind::kPoison) {
-      std::memset(b.elem(e), 0xFF, b.esize);
-    } else {
-      store_value(spec.dtype, b.elem(e), fill_value(spec.fill, seed, stream, e, n));
+  // Large tensors are filled by several threads (values depend only on the element index).
+  auto fill_range = [&](int64_t lo, int64_t hi) {
+    for (int64_t e = lo; e < hi; ++e) {
+      if (spec.fill.kind == Fill::Kind::kPoison) {
+        std::memset(b.elem(e), 0xFF, b.esize);
+      } else {
+        store_value(spec.dtype, b.elem(e), fill_value(spec.fill, seed, stream, e, n));
+      }
     }
+  };
+  const int64_t workers =
+      n < (int64_t(1) << 18) ? 1 : std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 16);
+  std::vector<std::thread> pool;
+  for (int64_t w = 1; w < workers; ++w) {
+    pool.emplace_back(fill_range, n * w / workers, n * (w + 1) / workers);
   }
+  fill_range(0, n / workers);
+  for (auto& th : pool) th.join();
   b.initial.assign(p, p + total);
   return b;
 }
@@ -512,9 +529,20 @@ inline void run_on(Device dev, std::vector<detail::Buffer>& bufs, const OpFn& fn
 }
 
 // Fills the case's args (seeded), runs it once on `dev` and keeps the buffers on the host.
-inline OpRun run_op(const OpCase& c, Device dev, uint64_t seed = 1) {
+// `same_inputs`: a run of the same case whose initial contents are reused instead of filling
+// again (a speed-up for large tensors).
+inline OpRun run_op(const OpCase& c, Device dev, uint64_t seed = 1,
+                    const OpRun* same_inputs = nullptr) {
   OpRun r;
-  r.bufs = detail::make_buffers(c.args, seed);
+  if (same_inputs != nullptr) {
+    r.bufs = same_inputs->bufs;
+    for (auto& b : r.bufs) {  // fresh storage holding the initial bytes
+      b.host = Tensor::empty(b.host.shape(), DType::kU8, Device::cpu());
+      std::memcpy(b.host.data(), b.initial.data(), b.initial.size());
+    }
+  } else {
+    r.bufs = detail::make_buffers(c.args, seed);
+  }
   run_on(dev, r.bufs, c.run);
   for (const auto& b : r.bufs) {
     if (r.integrity.empty()) r.integrity = detail::check_intact(b, dev.str().c_str());
@@ -590,7 +618,7 @@ inline ::testing::AssertionResult compare_cpu_gpu(const OpCase& c, uint64_t seed
     return ::testing::AssertionFailure() << c.name << ": needs a CUDA GPU";
   }
   OpRun cpu = run_op(c, Device::cpu(), seed);
-  OpRun gpu = run_op(c, Device::cuda(0), seed);
+  OpRun gpu = run_op(c, Device::cuda(0), seed, &cpu);
   if (!cpu.integrity.empty())
     return ::testing::AssertionFailure() << c.name << ": " << cpu.integrity;
   if (!gpu.integrity.empty())

@@ -3,9 +3,12 @@
 // differences, and argument errors.
 #include <gtest/gtest.h>
 
-#include <map>
+#include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "lowbit/ops.h"
+#include "ops/embedding_impl.h"
 #include "ops/op_harness.h"
 
 namespace lowbit::test {
@@ -39,38 +42,57 @@ TEST(Embedding, ForwardCopiesTheTokensRows) {
   }
 }
 
-TEST(Embedding, BackwardAddsRowsPerTokenInPositionOrder) {
-  // Few distinct tokens, so rows repeat many times: dtable starts nonzero (it accumulates).
-  OpCase c;
-  c.name = "embedding_bwd";
-  c.args = {in("tokens", DType::kI32, {kN}, Fill::ints(0, 5)),
-            in("dout", DType::kBF16, {kN, kD}, Fill::gaussian()),
-            inout("dtable", DType::kF32, {kV, kD}, Fill::gaussian())};
-  c.run = [](Context& ctx, const Args& a) {
-    embedding_bwd(ctx, a["dtable"], a["tokens"], a["dout"]);
-  };
-  OpRun r = run_op(c, Device::cpu());
-  ASSERT_TRUE(r.intact());
-  const std::vector<double> tok = r.values("tokens"), dy = r.values("dout");
-  const std::vector<double> dt0 = r.initial("dtable");
-  // fp64 sum, and the documented fp32 order: per row, a zeroed fp32 accumulator adds the rows in
-  // increasing position, then is added to dtable once.
-  std::vector<double> exact(dt0), ordered(dt0);
-  std::map<int, std::vector<float>> acc;
-  for (int64_t n = 0; n < kN; ++n) {
-    auto& a = acc[int(tok[n])];
-    a.resize(kD, 0.0f);
-    for (int64_t i = 0; i < kD; ++i) {
-      exact[tok[n] * kD + i] += dy[n * kD + i];
-      a[i] += float(dy[n * kD + i]);
+TEST(Embedding, BackwardSumsInTheDocumentedOrder) {
+  // Few distinct tokens (runs crossing chunk boundaries) and a single token (one run over five
+  // chunks); dtable starts nonzero (it accumulates).
+  for (const Fill& tokens : {Fill::ints(0, 5), Fill::constant(3)}) {
+    OpCase c;
+    c.name = "embedding_bwd";
+    c.args = {in("tokens", DType::kI32, {kN}, tokens),
+              in("dout", DType::kBF16, {kN, kD}, Fill::gaussian()),
+              inout("dtable", DType::kF32, {kV, kD}, Fill::gaussian())};
+    c.run = [](Context& ctx, const Args& a) {
+      embedding_bwd(ctx, a["dtable"], a["tokens"], a["dout"]);
+    };
+    OpRun r = run_op(c, Device::cpu());
+    ASSERT_TRUE(r.intact());
+    const std::vector<double> tok = r.values("tokens"), dy = r.values("dout");
+    const std::vector<double> dt0 = r.initial("dtable");
+    // fp64 sums.
+    std::vector<double> exact(dt0);
+    for (int64_t n = 0; n < kN; ++n) {
+      for (int64_t i = 0; i < kD; ++i) exact[tok[n] * kD + i] += dy[n * kD + i];
     }
+    // The documented fp32 order (embedding_impl.h): (token, position) sorted, cut into chunks of
+    // kEmbeddingBwdChunk entries; per run, pieces summed from zero, pieces added in order, the
+    // total added to dtable once.
+    std::vector<std::pair<int64_t, int64_t>> sorted;
+    for (int64_t n = 0; n < kN; ++n) sorted.emplace_back(int64_t(tok[n]), n);
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<double> ordered(dt0);
+    const int64_t chunk = ops_detail::kEmbeddingBwdChunk;
+    for (int64_t s = 0; s < kN;) {
+      int64_t e = s;
+      while (e < kN && sorted[e].first == sorted[s].first) ++e;
+      const int64_t v = sorted[s].first;
+      for (int64_t i = 0; i < kD; ++i) {
+        float total = 0.0f, piece = 0.0f;
+        for (int64_t k = s; k < e; ++k) {
+          piece += float(dy[sorted[k].second * kD + i]);
+          if (k + 1 == e || (k + 1) % chunk == 0) {
+            total = k / chunk == s / chunk ? piece : total + piece;
+            piece = 0.0f;
+          }
+        }
+        ordered[v * kD + i] = float(dt0[v * kD + i]) + total;
+      }
+      s = e;
+    }
+    const std::vector<double> got = r.values("dtable");
+    EXPECT_TRUE(expect_close("dtable " + tokens.name(), {kV, kD}, got, ordered, Tol::exact()));
+    EXPECT_TRUE(expect_close("dtable " + tokens.name(), {kV, kD}, got, exact,
+                             tol_reduction(DType::kF32, kN)));
   }
-  for (const auto& [v, a] : acc) {
-    for (int64_t i = 0; i < kD; ++i) ordered[v * kD + i] = float(dt0[v * kD + i]) + a[i];
-  }
-  const std::vector<double> got = r.values("dtable");
-  EXPECT_TRUE(expect_close("dtable", {kV, kD}, got, ordered, Tol::exact()));
-  EXPECT_TRUE(expect_close("dtable", {kV, kD}, got, exact, tol_reduction(DType::kF32, kN)));
 }
 
 TEST(Embedding, GradientMatchesFiniteDifferences) {

@@ -682,9 +682,17 @@ TEST_F(CheckpointTest, HfShardedDirectoryLoads) {
   write_file(dir + "/config.json", hf_config_json(c));
   msg = user_error([&] { load_hf_weights(dir, *b.model); });
   EXPECT_HAS(msg, "d_model 256 in the Hugging Face config, 128 in the model");
-  // No weights at all.
+  // A truncated single file.
   fs::remove(dir + "/model.safetensors.index.json");
   write_file(dir + "/config.json", hf_config_json(a.model->config()));
+  save_hf_model(path("hf1"), *a.model, DType::kF32);
+  fs::resize_file(path("hf1") + "/model.safetensors",
+                  fs::file_size(path("hf1") + "/model.safetensors") / 2);
+  msg = user_error([&] { load_hf_weights(path("hf1"), *b.model); });
+  EXPECT_HAS(msg, "model.safetensors");
+  EXPECT_HAS(msg, "truncated");
+  EXPECT_TRUE(same_bytes(a.arena().master_all, b.arena().master_all));  // untouched
+  // No weights at all.
   write_file(dir + "/pytorch_model.bin", "x");
   EXPECT_HAS(user_error([&] { load_hf_weights(dir, *b.model); }), "safe_serialization");
 }

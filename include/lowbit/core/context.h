@@ -41,6 +41,9 @@ class Context {
     next_offset_ = 0;
   }
   uint64_t take_rng_offset() { return next_offset_++; }
+  // The next offset take_rng_offset() would return (checkpoints store and restore it).
+  uint64_t rng_offset() const { return next_offset_; }
+  void set_rng_offset(uint64_t next) { next_offset_ = next; }
 
  private:
   void release();

@@ -120,7 +120,7 @@ struct CorpusOptions {
   std::vector<std::string> inputs;  // files (see above)
   std::string output_dir;           // created if missing
   std::string shard_prefix = "shard";
-  int64_t shard_tokens = int64_t{1} << 26;  // tokens per shard at most
+  int64_t shard_tokens = int64_t{1} << 24;  // tokens per shard at most (32 MB as u16)
 };
 
 struct CorpusStats {

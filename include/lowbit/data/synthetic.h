@@ -84,6 +84,6 @@ class MarkovSource {
 std::vector<std::string> write_markov_shards(const MarkovSource& source, const std::string& dir,
                                              const std::string& prefix, int64_t count,
                                              uint64_t seed, uint64_t stream = 0,
-                                             int64_t shard_tokens = int64_t{1} << 26);
+                                             int64_t shard_tokens = int64_t{1} << 24);
 
 }  // namespace lowbit::data

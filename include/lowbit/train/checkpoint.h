@@ -66,7 +66,9 @@ void save_checkpoint(const std::string& dir, const LlamaModel& model, const Chec
 // may differ): master weights always; AdamW moments and delayed-scaling state when
 // load_optimizer (otherwise the moments are reset to zero and the scaling state is kept). The
 // BF16 compute copy is refreshed (model.sync_compute_weights()). Returns the stored state,
-// with `notes` on what differs. The model is unchanged when an error is thrown.
+// with `notes` on what differs. Every check (sizes, checksums, config, tensor names, shapes and
+// dtypes) runs before the model is touched, so a damaged or mismatched checkpoint leaves it as
+// it was; tensors are then read one at a time (no second copy of the model in host memory).
 CheckpointState load_checkpoint(const std::string& dir, LlamaModel& model, bool load_optimizer);
 
 // The recipe name stored in checkpoint `dir` ("fp8", "bf16", ...), read from trainer.json.
@@ -92,6 +94,7 @@ ModelConfig hf_model_config(const std::string& dir, const ModelConfig& base);
 // or shards listed in model.safetensors.index.json; F32, BF16 or F16 tensors — into the master
 // weights of `model` (whose config must match config.json), resets the moments to zero and
 // refreshes the compute copy. Rotary inv_freq buffers and a tied lm_head.weight are skipped.
+// Every header is checked before the model is touched.
 void load_hf_weights(const std::string& dir, LlamaModel& model);
 // Writes `model`'s master weights as a Hugging Face directory (config.json, model.safetensors
 // in F32 or BF16), atomically like a checkpoint.

@@ -39,8 +39,8 @@ class ProgressBar {
     kPlain,  // only the table rows asked for (logs, pipes, CI)
   };
 
-  // Steps start_step + 1 … total_steps remain; rates and the ETA are measured from the first
-  // update.
+  // Steps start_step + 1 … total_steps remain (a resumed run starts past 0); rates and the ETA
+  // are measured from the end of the first update, so set-up and warm-up do not count.
   explicit ProgressBar(int64_t total_steps, int64_t start_step = 0, std::FILE* out = stdout,
                        Mode mode = Mode::kAuto);
   ~ProgressBar();
@@ -68,7 +68,6 @@ class ProgressBar {
   void clear_status();
 
   int64_t total_;
-  int64_t start_;
   std::FILE* out_;
   bool tty_ = false;
   bool header_done_ = false;

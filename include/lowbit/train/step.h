@@ -1,0 +1,45 @@
+// One optimizer step: micro-batches → gradients → global norm and clip → AdamW → delayed
+// scaling update. Shared by the trainer and `lowbit bench train`.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lowbit/model.h"
+#include "lowbit/ops.h"
+
+namespace lowbit {
+
+struct MicroBatch {
+  TensorView tokens;   // [B, T] i32 (host or device)
+  TensorView targets;  // [B, T] i32, -1 = no loss
+  int64_t valid = 0;   // targets ≥ 0
+};
+
+struct StepOutcome {
+  double loss = 0;         // mean loss over the valid targets of the step
+  int64_t valid = 0;       // valid targets of the step
+  double grad_norm = 0;    // global norm before clipping
+  bool skipped = false;    // non-finite loss or gradient: no update applied
+  std::string non_finite;  // the first parameter whose gradient is not finite ("" if none)
+};
+
+class StepRunner {
+ public:
+  StepRunner(LlamaModel& model, Context& ctx);
+  // Runs one optimizer step. `adam.step` is the 1-based count of applied updates (the bias
+  // correction); grad_clip ≤ 0 disables clipping. Reads the norm and the guard's verdict back
+  // (one synchronisation per step).
+  StepOutcome step(const std::vector<MicroBatch>& micro, int batch, int seq_len,
+                   const AdamWConfig& adam, float grad_clip, const ForwardOptions& fwd);
+
+ private:
+  LlamaModel& model_;
+  Context& ctx_;
+  Tensor sumsq_;  // [segments] f32
+  Tensor norm_;   // [1] f32
+  Tensor coef_;   // [1] f32
+  Tensor skip_;   // [1] i32
+};
+
+}  // namespace lowbit

@@ -1,0 +1,57 @@
+// One optimizer step (see step.h).
+#include "lowbit/train/step.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace lowbit {
+
+StepRunner::StepRunner(LlamaModel& model, Context& ctx) : model_(model), ctx_(ctx) {
+  const Device dev = ctx.device();
+  const int64_t S = static_cast<int64_t>(model.params().segments().size());
+  sumsq_ = Tensor::zeros({S}, DType::kF32, dev, MemCategory::kWorkspace);
+  norm_ = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+  coef_ = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+  skip_ = Tensor::zeros({1}, DType::kI32, dev, MemCategory::kWorkspace);
+}
+
+StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
+                             const AdamWConfig& adam, float grad_clip, const ForwardOptions& fwd) {
+  ParamArena& arena = model_.params();
+  StepOutcome out;
+  for (const MicroBatch& m : micro) out.valid += m.valid;
+  // Every token's loss gradient is scaled by 1 / (valid targets of the whole step), so the
+  // micro-batches add up to the gradient of the step's mean loss.
+  const float grad_scale = 1.0f / float(std::max<int64_t>(out.valid, 1));
+  fill_bytes(arena.grad_all, 0);
+  model_.quantize_weights();
+  double loss_sum = 0;
+  for (const MicroBatch& m : micro) {
+    loss_sum += model_.forward_backward(m.tokens, m.targets, B, T, grad_scale, fwd).loss_sum;
+  }
+  out.loss = loss_sum / double(std::max<int64_t>(out.valid, 1));
+  const std::vector<ParamSegment>& segs = arena.segments();
+  segment_sumsq(ctx_, sumsq_, arena.grad_all, segs);
+  clip_coefficient(ctx_, norm_, coef_, skip_, sumsq_, grad_clip);
+  const TensorView compute = arena.compute_all.view();
+  adamw_step(ctx_, arena.master_all, arena.grad_all, arena.m_all, arena.v_all, &compute, segs, adam,
+             coef_, skip_);
+  if (DelayedScalingState* s = model_.fp8_forward_state()) s->update(&ctx_);
+  if (DelayedScalingState* s = model_.fp8_backward_state()) s->update(&ctx_);
+  const Tensor nh = Tensor::copy_of(norm_, Device::cpu());
+  const Tensor kh = Tensor::copy_of(skip_, Device::cpu());
+  out.grad_norm = nh.ptr<float>()[0];
+  out.skipped = kh.ptr<int32_t>()[0] != 0 || !std::isfinite(out.loss);
+  if (out.skipped) {
+    const Tensor sh = Tensor::copy_of(sumsq_, Device::cpu());
+    for (size_t i = 0; i < segs.size(); ++i) {
+      if (!std::isfinite(sh.ptr<float>()[i])) {
+        out.non_finite = arena.params()[i].name;
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace lowbit
