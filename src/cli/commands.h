@@ -18,5 +18,7 @@ void add_info_command(CLI::App& app, CommandAction& action);
 void add_bench_command(CLI::App& app, CommandAction& action);
 void add_quantize_command(CLI::App& app, CommandAction& action);
 void add_train_command(CLI::App& app, CommandAction& action);
+void add_eval_command(CLI::App& app, CommandAction& action);
+void add_generate_command(CLI::App& app, CommandAction& action);
 
 }  // namespace lowbit::cli

@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
   lowbit::cli::add_bench_command(app, action);
   lowbit::cli::add_quantize_command(app, action);
   lowbit::cli::add_train_command(app, action);
+  lowbit::cli::add_eval_command(app, action);
+  lowbit::cli::add_generate_command(app, action);
   app.footer("Run 'lowbit <command> --help' for the options of a command.");
 
   try {

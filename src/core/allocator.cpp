@@ -55,10 +55,10 @@ std::string in_use(Device dev) {
 
 // Device blocks freed by the program are kept, keyed by their rounded size, and handed out
 // again: a training step allocates the same sizes every step, and cudaMalloc/cudaFree would
-// synchronise the device on each. Reuse is safe because all work runs in stream order on one
-// stream per device (a block freed on the host may still be read by queued kernels, and any
-// later kernel using it again is queued after them). The allocator's counters track the bytes
-// the program holds; cached blocks are not counted.
+// synchronise the device on each. Reuse is safe because all work runs in stream order: one
+// blocking stream per context, ordered with the legacy stream (a block freed on the host may still
+// be read by queued kernels, and any later kernel using it again is queued after them). The
+// allocator's counters track the bytes the program holds; cached blocks are not counted.
 struct DeviceCache {
   std::mutex mu;
   std::map<std::pair<int, size_t>, std::vector<void*>> free_blocks;  // (device, size) → blocks

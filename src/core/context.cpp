@@ -18,8 +18,12 @@ Context::Context(Device dev) : device_(dev) {
                       "GPU {} requested but {} GPU(s) found; pick an index below the count",
                       dev.index, cuda_device_count());
     LOWBIT_CUDA_CHECK(cudaSetDevice(dev.index));
+    // A blocking stream: work on the legacy default stream (cudaMemcpy, cudaMemset of
+    // Tensor::zeros, copy_tensor) is ordered with it in both directions, so host-side copies and
+    // fills need no device-wide synchronisation, and a device block the allocator's cache hands
+    // out again is never written while queued kernels still read it.
     cudaStream_t s = nullptr;
-    LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
     stream_ = s;
   }
 }

@@ -107,10 +107,7 @@ void copy_tensor(const TensorView& dst, const TensorView& src) {
     std::memcpy(dst.data, src.data, bytes);
     return;
   }
-  // Kernels run on non-blocking context streams, which the legacy-stream cudaMemcpy does not
-  // wait for; with device blocks reused by the allocator's cache, a copy must first let queued
-  // work finish (copies are setup and inspection paths, not the step's hot path).
-  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  // On the legacy default stream, which context streams (blocking streams) are ordered with.
   LOWBIT_CUDA_CHECK(cudaMemcpy(dst.data, src.data, bytes, cudaMemcpyDefault));
 }
 
@@ -121,8 +118,7 @@ void fill_bytes(const TensorView& dst, uint8_t byte) {
   if (dst.device.is_cpu()) {
     std::memset(dst.data, byte, bytes);
   } else {
-    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());  // see copy_tensor
-    LOWBIT_CUDA_CHECK(cudaMemset(dst.data, byte, bytes));
+    LOWBIT_CUDA_CHECK(cudaMemset(dst.data, byte, bytes));  // legacy stream: see copy_tensor
   }
 }
 

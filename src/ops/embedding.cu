@@ -60,9 +60,12 @@ __global__ void embedding_keys_kernel(uint32_t* __restrict__ keys, int32_t* __re
 
 constexpr int kChunk = int(kEmbeddingBwdChunk);
 
-// Step 3. Block b sums sorted entries [b·C, b·C + C) of dout [N, D] by runs of equal keys.
-// slots [chunks, 2, D] f32: [b][0] the chunk's first piece when its run started in an earlier
-// chunk, [b][1] its last piece when its run started here and continues into the next chunk.
+// Step 3. Blocks (b, ·) sum sorted entries [b·C, b·C + C) of dout [N, D] by runs of equal keys
+// ("pieces"): thread (x, y) handles the piece that starts at entry y of the chunk, if one does,
+// for columns of lane x, so that distinct tokens are summed in parallel and only repeats of one
+// token are sequential. slots [chunks, 2, D] f32: [b][0] the chunk's first piece when its run
+// started in an earlier chunk, [b][1] its last piece when its run started here and continues
+// into the next chunk; other pieces are whole runs, added to dtable directly.
 template <bool kVec>
 __global__ void embedding_bwd_chunk_kernel(float* __restrict__ dtable, float* __restrict__ slots,
                                            const uint32_t* __restrict__ keys,
@@ -73,54 +76,52 @@ __global__ void embedding_bwd_chunk_kernel(float* __restrict__ dtable, float* __
   __shared__ int32_t sval[kChunk];
   const int64_t b = blockIdx.x, start = b * kChunk;
   const int cnt = int(min(int64_t(kChunk), n_rows - start));
-  if (threadIdx.x < cnt) {
-    skey[threadIdx.x] = keys[start + threadIdx.x];
-    sval[threadIdx.x] = vals[start + threadIdx.x];
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  if (tid < cnt) {
+    skey[tid] = keys[start + tid];
+    sval[tid] = vals[start + tid];
   }
-  const uint32_t prev = start > 0 ? keys[start - 1] : 0xFFFFFFFFu;
-  const uint32_t next = start + cnt < n_rows ? keys[start + cnt] : 0xFFFFFFFFu;
   __syncthreads();
+  const int j = threadIdx.y;
+  if (j >= cnt) return;
+  const uint32_t key = skey[j];
+  if (key >= vocab || (j > 0 && skey[j - 1] == key)) return;  // not a piece's first entry
+  int e = j + 1;
+  while (e < cnt && skey[e] == key) ++e;
+  const bool from_prev = j == 0 && start > 0 && keys[start - 1] == key;
+  const bool to_next = e == cnt && start + cnt < n_rows && keys[start + cnt] == key;
   constexpr int kE = kVec ? 8 : 1;
-  for (int64_t c = int64_t(threadIdx.x) * kE; c < d; c += int64_t(blockDim.x) * kE) {
-    for (int j = 0; j < cnt;) {
-      const uint32_t key = skey[j];
-      int e = j + 1;
-      while (e < cnt && skey[e] == key) ++e;
-      if (key < vocab) {
-        float acc[kE];
+  const int64_t step = int64_t(gridDim.y) * blockDim.x * kE;
+  for (int64_t c = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * kE; c < d; c += step) {
+    float acc[kE];
 #pragma unroll
-        for (int k = 0; k < kE; ++k) acc[k] = 0.0f;
-#pragma unroll 4
-        for (int r = j; r < e; ++r) {
-          const uint16_t* row = dout + int64_t(sval[r]) * d + c;
-          if constexpr (kVec) {
-            float v[8];
-            load8(row, v);
+    for (int k = 0; k < kE; ++k) acc[k] = 0.0f;
+    for (int r = j; r < e; ++r) {
+      const uint16_t* row = dout + int64_t(sval[r]) * d + c;
+      if constexpr (kVec) {
+        float v[8];
+        load8(row, v);
 #pragma unroll
-            for (int k = 0; k < 8; ++k) acc[k] += v[k];
-          } else {
-            acc[0] += load1(row);
-          }
-        }
-        const bool from_prev = j == 0 && prev == key, to_next = e == cnt && next == key;
-        float* dst = from_prev ? slots + (2 * b) * d + c
-                     : to_next ? slots + (2 * b + 1) * d + c
-                               : dtable + int64_t(key) * d + c;
-        if constexpr (kVec) {
-          float v[8];
-          if (from_prev || to_next) {
-            store8(dst, acc);
-          } else {
-            load8_rw(dst, v);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) v[k] += acc[k];
-            store8(dst, v);
-          }
-        } else {
-          dst[0] = (from_prev || to_next) ? acc[0] : dst[0] + acc[0];
-        }
+        for (int k = 0; k < 8; ++k) acc[k] += v[k];
+      } else {
+        acc[0] += load1(row);
       }
-      j = e;
+    }
+    float* dst = from_prev ? slots + (2 * b) * d + c
+                 : to_next ? slots + (2 * b + 1) * d + c
+                           : dtable + int64_t(key) * d + c;
+    if constexpr (kVec) {
+      if (from_prev || to_next) {
+        store8(dst, acc);
+      } else {
+        float v[8];
+        load8_rw(dst, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] += acc[k];
+        store8(dst, v);
+      }
+    } else {
+      dst[0] = (from_prev || to_next) ? acc[0] : dst[0] + acc[0];
     }
   }
 }
@@ -211,19 +212,23 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
   float* dt = dtable.ptr<float>();
   const uint16_t* dy = dout.ptr<const uint16_t>();
   const bool vec = d % 8 == 0 && aligned16(dt) && aligned16(dy);
+  // Threads (x, y): y = entry of the chunk, x = column lane (8 columns each when vec).
   const int64_t lanes = vec ? d / 8 : d;
-  const int threads = int(std::min<int64_t>(kThreads, ceil_div(lanes, kWarp) * kWarp));
-  const unsigned grid = static_cast<unsigned>(chunks);
+  const int lanes_per_block = kWarp;  // one warp per (entry, 256-column tile): 512-byte rows
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(std::min<int64_t>(
+                                                     ceil_div(lanes, lanes_per_block), 65535)));
+  const dim3 block(lanes_per_block, kChunk);
   if (vec) {
     embedding_bwd_chunk_kernel<true>
-        <<<grid, threads, 0, s>>>(dt, slots, keys_out, vals_out, dy, n_rows, d, vocab);
+        <<<grid, block, 0, s>>>(dt, slots, keys_out, vals_out, dy, n_rows, d, vocab);
   } else {
     embedding_bwd_chunk_kernel<false>
-        <<<grid, threads, 0, s>>>(dt, slots, keys_out, vals_out, dy, n_rows, d, vocab);
+        <<<grid, block, 0, s>>>(dt, slots, keys_out, vals_out, dy, n_rows, d, vocab);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
   const int carry_threads = int(std::min<int64_t>(kThreads, ceil_div(d, kWarp) * kWarp));
-  embedding_bwd_carry_kernel<<<grid, carry_threads, 0, s>>>(dt, slots, keys_out, n_rows, d, vocab);
+  embedding_bwd_carry_kernel<<<grid.x, carry_threads, 0, s>>>(dt, slots, keys_out, n_rows, d,
+                                                              vocab);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -9,6 +9,7 @@
 // rows in block order to dw. Every order is fixed by the shapes alone, so results are
 // deterministic (and identical on any GPU).
 #include <algorithm>
+#include <cstdlib>
 
 #include "lowbit/core/cuda_check.h"
 #include "ops/ops_cuda.cuh"
@@ -152,13 +153,16 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
       for (int i = 0; i < VEC; ++i) dot += __fmul_rn(dyv[k].get(i), wv[k].get(i)) * xv[k].get(i);
     }
-    // Sum over the group's warps (in warp order).
+    // Sum over the group's warps (in warp order). One-warp groups need no block barrier, so
+    // their warps run through their rows independently.
     dot = warp_sum(dot);
-    __syncthreads();  // scratch may still be read by the previous row
-    if ((threadIdx.x & 31) == 0) scratch[warp] = dot;
-    __syncthreads();
-    dot = 0.0f;
-    for (int j = 0; j < warps_per_group; ++j) dot += scratch[g * warps_per_group + j];
+    if (warps_per_group > 1) {
+      __syncthreads();  // scratch may still be read by the previous row
+      if ((threadIdx.x & 31) == 0) scratch[warp] = dot;
+      __syncthreads();
+      dot = 0.0f;
+      for (int j = 0; j < warps_per_group; ++j) dot += scratch[g * warps_per_group + j];
+    }
     if (valid) {
       const float r = rstd[row];
       const float c_row = __fmul_rn(__fmul_rn(__fdiv_rn(dot, float(d)), r), r);
@@ -277,6 +281,10 @@ void launch_bwd(const RowPlan& p, dim3 grid, int threads, size_t smem, cudaStrea
       launch_bwd_vpt<VEC, 2>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, n, d, p.threads,
                              groups, rows_per_block);
       break;
+    case 3:
+      launch_bwd_vpt<VEC, 3>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, n, d, p.threads,
+                             groups, rows_per_block);
+      break;
     case 4:
       launch_bwd_vpt<VEC, 4>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, n, d, p.threads,
                              groups, rows_per_block);
@@ -316,11 +324,20 @@ void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
   const uint16_t* xp = x.ptr<const uint16_t>();
   const uint16_t* wp = w.ptr<const uint16_t>();
   const bool vec = d % 8 == 0 && aligned16(dxp) && aligned16(dyp) && aligned16(xp) && aligned16(wp);
-  const RowPlan p = plan_row(d, vec, "rmsnorm_bwd");
+  RowPlan p = plan_row(d, vec, "rmsnorm_bwd");
+  int groups = std::clamp(512 / p.threads, 1, 8);
+  int max_blocks = 512;
+  const char* ev = getenv("LOWBIT_RMS_WARP");
+  if (ev && atoi(ev) && vec && d <= 1024) {
+    p.threads = 32;
+    p.vpt = int(ceil_div(d / 8, 32));
+    groups = getenv("LOWBIT_RMS_GROUPS") ? atoi(getenv("LOWBIT_RMS_GROUPS")) : 16;
+  }
+  if (getenv("LOWBIT_RMS_BLOCKS")) max_blocks = atoi(getenv("LOWBIT_RMS_BLOCKS"));
   // Rows per block: a multiple of the group count, large enough that at most ~512 partial rows
   // are written (their traffic stays a few percent of the kernel's).
-  const int groups = std::clamp(512 / p.threads, 1, 8);
-  const int64_t rows_per_block = ceil_div(std::max<int64_t>(ceil_div(n, 512), 1), groups) * groups;
+  const int64_t rows_per_block =
+      ceil_div(std::max<int64_t>(ceil_div(n, max_blocks), 1), groups) * groups;
   const int64_t blocks = ceil_div(n, rows_per_block);
   float* partial = static_cast<float*>(ctx.workspace(size_t(blocks) * size_t(d) * sizeof(float)));
   const size_t smem = size_t(d) * sizeof(float);

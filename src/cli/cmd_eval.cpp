@@ -1,0 +1,205 @@
+// `lowbit eval CKPT --data FILE` (loss and perplexity of a checkpoint on a corpus) and
+// `lowbit generate CKPT --prompt TEXT` (sampling with temperature, top-k and top-p).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "lowbit/core.h"
+#include "lowbit/data/corpus.h"
+#include "lowbit/data/tokenizer.h"
+#include "lowbit/model.h"
+#include "lowbit/train/checkpoint.h"
+
+namespace lowbit::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct LoadedModel {
+  std::unique_ptr<Context> ctx;
+  std::unique_ptr<LlamaModel> model;
+  data::Tokenizer tok;
+};
+
+// The tokenizer of a checkpoint: --tokenizer, else tokenizer.json of the run directory that
+// holds the checkpoint (where `lowbit train` writes it).
+std::string find_tokenizer(const std::string& ckpt, const std::string& given) {
+  if (!given.empty()) return given;
+  for (const fs::path& p :
+       {fs::path(ckpt) / "tokenizer.json", fs::path(ckpt).parent_path() / "tokenizer.json"}) {
+    if (fs::exists(p)) return p.string();
+  }
+  throw UserError(
+      fmt::format("no tokenizer found for checkpoint {} (looked for tokenizer.json in "
+                  "it and beside it); give --tokenizer FILE",
+                  ckpt));
+}
+
+LoadedModel load(const std::string& ckpt, const std::string& tokenizer,
+                 const std::string& precision, bool cpu) {
+  if (!is_checkpoint_dir(ckpt)) {
+    throw UserError(fmt::format("{} is not a lowbit checkpoint directory (no trainer.json)", ckpt));
+  }
+  LoadedModel m{nullptr, nullptr, data::Tokenizer::load(find_tokenizer(ckpt, tokenizer))};
+  m.ctx = std::make_unique<Context>(cpu ? Context(Device::cpu()) : Context::create_default());
+  const ModelConfig cfg = checkpoint_model_config(ckpt);
+  if (cfg.vocab_size < m.tok.vocab_size()) {
+    throw UserError(
+        fmt::format("the tokenizer has {} tokens but the checkpoint's model only {}: "
+                    "it was trained with another tokenizer",
+                    m.tok.vocab_size(), cfg.vocab_size));
+  }
+  const Recipe r = recipe_from_name(precision.empty() ? checkpoint_recipe(ckpt) : precision);
+  m.model = std::make_unique<LlamaModel>(cfg, resolve_precision(r, cfg), *m.ctx);
+  load_checkpoint(ckpt, *m.model, /*load_optimizer=*/false);
+  return m;
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app, CommandAction& action) {
+  struct Opts {
+    std::string ckpt, data = "bundled", tokenizer, precision;
+    int batch = 8, seq_len = 256;
+    int64_t max_tokens = 1 << 20;
+    bool cpu = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand("eval", "Loss and perplexity of a checkpoint on a corpus");
+  cmd->add_option("checkpoint", o->ckpt, "Checkpoint directory")->required();
+  cmd->add_option("--data", o->data, "Text or JSONL corpus (bundled: the King James Bible)")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer (default: the run's tokenizer.json)");
+  cmd->add_option("--precision", o->precision, "Recipe of the forward (default: the checkpoint's)");
+  cmd->add_option("--batch_size", o->batch, "Windows per batch")->capture_default_str();
+  cmd->add_option("--seq_len", o->seq_len, "Tokens per window")->capture_default_str();
+  cmd->add_option("--max_tokens", o->max_tokens, "Evaluate at most this many tokens")
+      ->capture_default_str();
+  cmd->add_flag("--cpu", o->cpu, "Run on the CPU even when a GPU is present");
+  cmd->callback([o, &action] {
+    action = [o] {
+      LOWBIT_USER_CHECK(o->batch > 0 && o->seq_len > 1, "--batch_size and --seq_len must be > 0");
+      LoadedModel m = load(o->ckpt, o->tokenizer, o->precision, o->cpu);
+      const std::string path = o->data == "bundled" ? data::default_corpus_path() : o->data;
+      std::vector<int32_t> ids = m.tok.encode(data::read_text_file(path));
+      if (static_cast<int64_t>(ids.size()) > o->max_tokens + 1) ids.resize(o->max_tokens + 1);
+      const int T = std::min(o->seq_len, m.model->config().max_seq_len);
+      const int64_t windows = (static_cast<int64_t>(ids.size()) - 1) / T;
+      LOWBIT_USER_CHECK(windows > 0, "{}: {} tokens are fewer than one window of {}", path,
+                        ids.size(), T + 1);
+      double loss = 0;
+      int64_t n = 0;
+      for (int64_t w0 = 0; w0 < windows; w0 += o->batch) {
+        const int B = static_cast<int>(std::min<int64_t>(o->batch, windows - w0));
+        Tensor tok = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+        Tensor tgt = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+        for (int b = 0; b < B; ++b) {
+          const int64_t s = (w0 + b) * T;
+          std::copy(ids.begin() + s, ids.begin() + s + T, tok.ptr<int32_t>() + int64_t(b) * T);
+          std::copy(ids.begin() + s + 1, ids.begin() + s + T + 1,
+                    tgt.ptr<int32_t>() + int64_t(b) * T);
+        }
+        const StepStats st = m.model->forward_loss(tok, tgt, B, T);
+        loss += st.loss_sum;
+        n += st.valid_tokens;
+      }
+      const double mean = loss / double(n);
+      std::printf("%s on %s: %lld tokens, loss %.4f nats/token, perplexity %.2f\n", o->ckpt.c_str(),
+                  path.c_str(), static_cast<long long>(n), mean, std::exp(mean));
+      return 0;
+    };
+  });
+}
+
+void add_generate_command(CLI::App& app, CommandAction& action) {
+  struct Opts {
+    std::string ckpt, prompt = "And God said", tokenizer, precision;
+    int max_tokens = 200, top_k = 40;
+    double temperature = 0.8, top_p = 0.95;
+    uint64_t seed = 1;
+    bool cpu = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand("generate", "Sample text from a checkpoint");
+  cmd->add_option("checkpoint", o->ckpt, "Checkpoint directory")->required();
+  cmd->add_option("--prompt", o->prompt, "Text to continue")->capture_default_str();
+  cmd->add_option("--max_tokens", o->max_tokens, "Tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "Softmax temperature (0: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--top_k", o->top_k, "Keep the k most likely tokens (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--top_p", o->top_p, "Keep the smallest set with this total probability")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer (default: the run's tokenizer.json)");
+  cmd->add_option("--precision", o->precision, "Recipe of the forward (default: the checkpoint's)");
+  cmd->add_flag("--cpu", o->cpu, "Run on the CPU even when a GPU is present");
+  cmd->callback([o, &action] {
+    action = [o] {
+      LOWBIT_USER_CHECK(o->temperature >= 0, "--temperature must be ≥ 0");
+      LOWBIT_USER_CHECK(o->top_p > 0 && o->top_p <= 1, "--top_p must be in (0, 1]");
+      LoadedModel m = load(o->ckpt, o->tokenizer, o->precision, o->cpu);
+      std::vector<int32_t> ids = m.tok.encode(o->prompt);
+      if (ids.empty()) ids.push_back(m.tok.eot_id());
+      const int64_t V = m.tok.vocab_size();
+      const int maxT = m.model->config().max_seq_len;
+      std::mt19937_64 rng(o->seed);
+      std::printf("%s", o->prompt.c_str());
+      for (int i = 0; i < o->max_tokens; ++i) {
+        // The window is recomputed for every token (no KV cache yet).
+        const int n = static_cast<int>(std::min<size_t>(ids.size(), size_t(maxT)));
+        Tensor tok = Tensor::empty({1, n}, DType::kI32, Device::cpu());
+        std::copy(ids.end() - n, ids.end(), tok.ptr<int32_t>());
+        const std::vector<float> logits = m.model->last_logits(tok, 1, n);
+        std::vector<int> order(V);
+        for (int64_t v = 0; v < V; ++v) order[v] = static_cast<int>(v);
+        std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+        int pick = order[0];
+        if (o->temperature > 0) {
+          const int k = o->top_k > 0 ? std::min<int>(o->top_k, int(V)) : int(V);
+          std::vector<double> p(k);
+          double z = 0;
+          for (int j = 0; j < k; ++j) {
+            z += p[j] = std::exp((logits[order[j]] - logits[order[0]]) / o->temperature);
+          }
+          int keep = k;  // top-p: the smallest prefix with mass ≥ top_p
+          double acc = 0;
+          for (int j = 0; j < k; ++j) {
+            acc += p[j] / z;
+            if (acc >= o->top_p) {
+              keep = j + 1;
+              break;
+            }
+          }
+          double total = 0;
+          for (int j = 0; j < keep; ++j) total += p[j];
+          double u = std::uniform_real_distribution<double>(0, total)(rng);
+          pick = order[keep - 1];
+          for (int j = 0; j < keep; ++j) {
+            if ((u -= p[j]) <= 0) {
+              pick = order[j];
+              break;
+            }
+          }
+        }
+        ids.push_back(pick);
+        if (m.tok.is_special(pick)) break;
+        std::printf("%s", m.tok.decode(std::vector<int32_t>{pick}).c_str());
+        std::fflush(stdout);
+      }
+      std::printf("\n");
+      return 0;
+    };
+  });
+}
+
+}  // namespace lowbit::cli
