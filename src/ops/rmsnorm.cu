@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(1024)
     rmsnorm_bwd_kernel(uint16_t* __restrict__ dx, float* __restrict__ partial,
                        const uint16_t* __restrict__ dout, const uint16_t* __restrict__ x,
                        const uint16_t* __restrict__ w, const float* __restrict__ rstd,
-                       int64_t n_rows, int d, int group_threads, int groups,
-                       int64_t rows_per_block) {
+                       int64_t n_rows, int d, int group_threads, int groups, int64_t rows_per_block,
+                       bool named) {
   extern __shared__ float fold[];  // [D]
   __shared__ float scratch[32];    // one sum per warp
   const int g = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
@@ -157,9 +157,16 @@ __global__ void __launch_bounds__(1024)
     // their warps run through their rows independently.
     dot = warp_sum(dot);
     if (warps_per_group > 1) {
-      __syncthreads();  // scratch may still be read by the previous row
-      if ((threadIdx.x & 31) == 0) scratch[warp] = dot;
-      __syncthreads();
+      if (named) {
+        // Barrier of this group's warps only (id g + 1; 0 is __syncthreads).
+        asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(group_threads) : "memory");
+        if ((threadIdx.x & 31) == 0) scratch[warp] = dot;
+        asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(group_threads) : "memory");
+      } else {
+        __syncthreads();  // scratch may still be read by the previous row
+        if ((threadIdx.x & 31) == 0) scratch[warp] = dot;
+        __syncthreads();
+      }
       dot = 0.0f;
       for (int j = 0; j < warps_per_group; ++j) dot += scratch[g * warps_per_group + j];
     }
@@ -264,8 +271,9 @@ void launch_bwd_vpt(dim3 grid, int threads, size_t smem, cudaStream_t s, uint16_
     LOWBIT_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
+  const bool named = getenv("LOWBIT_RMS_NAMED") && atoi(getenv("LOWBIT_RMS_NAMED"));
   kernel<<<grid, threads, smem, s>>>(dx, partial, dy, x, w, rstd, n, d, group_threads, groups,
-                                     rows_per_block);
+                                     rows_per_block, named);
 }
 
 template <int VEC>
@@ -327,12 +335,7 @@ void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
   RowPlan p = plan_row(d, vec, "rmsnorm_bwd");
   int groups = std::clamp(512 / p.threads, 1, 8);
   int max_blocks = 512;
-  const char* ev = getenv("LOWBIT_RMS_WARP");
-  if (ev && atoi(ev) && vec && d <= 1024) {
-    p.threads = 32;
-    p.vpt = int(ceil_div(d / 8, 32));
-    groups = getenv("LOWBIT_RMS_GROUPS") ? atoi(getenv("LOWBIT_RMS_GROUPS")) : 16;
-  }
+  if (getenv("LOWBIT_RMS_GROUPS")) groups = atoi(getenv("LOWBIT_RMS_GROUPS"));
   if (getenv("LOWBIT_RMS_BLOCKS")) max_blocks = atoi(getenv("LOWBIT_RMS_BLOCKS"));
   // Rows per block: a multiple of the group count, large enough that at most ~512 partial rows
   // are written (their traffic stays a few percent of the kernel's).
