@@ -32,8 +32,8 @@ struct TrainOptions {
   bool sft = false;            // JSONL chat records: loss on response tokens only
 
   // Optimisation.
-  int batch_size = 0;  // 0: 16 on a GPU, 8 on the CPU
-  int seq_len = 0;     // 0: 1024 on a GPU, 128 on the CPU
+  int batch_size = -1;  // < 0: 16 on a GPU, 8 on the CPU
+  int seq_len = -1;     // < 0: 1024 on a GPU, 128 on the CPU
   int grad_accum_steps = 1;
   int64_t total_steps = 300;
   int64_t warmup_steps = -1;  // < 0: 5% of total_steps

@@ -248,10 +248,14 @@ const CeVariant* find_variant(const CeConfig& c) {
 
 }  // namespace
 
+// Chosen from the sweep of tests/gpu/test_ops_cross_entropy.cpp (CrossEntropyGpu.Perf) on an
+// H100, fwd + bwd in place: 16384 × 32000 0.804 ms (the next best 0.813 ms, 512 threads with 2
+// blocks per SM 0.880 ms), 8192 × 50257 0.670 ms, 4096 × 128256 0.901 ms.
 CeConfig cross_entropy_default_config(int64_t V) {
-  if (V <= 4096) return {128, 8, 4, 0};
-  if (V <= 65536) return {512, 2, 4, 100 << 10};
-  return {1024, 2, 4, 100 << 10};
+  if (V <= 4096) return {128, 8, 4, 32 << 10};
+  if (V <= 40000) return {512, 3, 4, 64 << 10};
+  if (V <= 65536) return {512, 2, 8, 64 << 10};
+  return {1024, 1, 8, 100 << 10};
 }
 
 std::vector<CeConfig> cross_entropy_candidates() {

@@ -166,8 +166,8 @@ TrainResult train(const TrainOptions& options) {
   const auto t_start = Clock::now();
   Context ctx = options.force_cpu ? Context(Device::cpu()) : Context::create_default();
   TrainOptions opt = options;
-  if (opt.batch_size == 0) opt.batch_size = ctx.on_gpu() ? 16 : 8;
-  if (opt.seq_len == 0) opt.seq_len = ctx.on_gpu() ? 1024 : 128;
+  if (opt.batch_size < 0) opt.batch_size = ctx.on_gpu() ? 16 : 8;
+  if (opt.seq_len < 0) opt.seq_len = ctx.on_gpu() ? 1024 : 128;
   check_options(opt);
   ctx.set_seed(opt.seed);
   std::vector<GpuInfo> gpus = ctx.on_gpu() ? list_gpus() : std::vector<GpuInfo>();

@@ -189,4 +189,35 @@ grep -q "Usage: lowbit info" "$tmp/err" || fail "unknown info flag: no usage of 
 run 2
 grep -q "Usage:" "$tmp/err" || fail "no command: no usage printed"
 
+# train / eval / generate: flags users of the seed guides type, bad input, a tiny real run.
+run 0 train --help
+grep -q -- "--use_nvfp4" "$tmp/out" || fail "train --help: no --use_nvfp4"
+grep -q -- "--grad_accum_steps" "$tmp/out" || fail "train --help: no --grad_accum_steps"
+run 2 train --cpu --precision fp16
+grep -q "fp16" "$tmp/err" || fail "unknown recipe: the message does not name it"
+grep -q "nvfp4" "$tmp/err" || fail "unknown recipe: the valid ones are not listed"
+PRECISION=bogus run 2 train --cpu
+grep -q "bogus" "$tmp/err" || fail "PRECISION=bogus: the message does not name it"
+run 2 train --cpu --batch_size 0
+grep -q -- "--batch_size" "$tmp/err" || fail "batch_size 0: the message does not name the flag"
+run 2 train --cpu --fp8_format e5m2
+grep -q "hybrid or e4m3" "$tmp/err" || fail "fp8_format e5m2: no list of the valid formats"
+run 2 eval "$tmp/no-checkpoint"
+grep -q "not a lowbit checkpoint" "$tmp/err" || fail "eval of a missing checkpoint: unclear error"
+printf 'In the beginning was the word, and the word was with the text.\n%.0s' $(seq 1 400) \
+  >"$tmp/corpus.txt"
+run 0 train --cpu --use_fp8 --data "$tmp/corpus.txt" --vocab_size 300 --n_layers 1 \
+  --batch_size 2 --seq_len 32 --total_steps 3 --eval_every 3 --sample_tokens 5 \
+  --sample_prompt "In the" --out "$tmp/run"
+grep -q "recipe fp8" "$tmp/out" || fail "train: the precision plan was not printed"
+grep -q "sample:" "$tmp/out" || fail "train: no sample printed"
+[[ -s $tmp/run/metrics.jsonl && -s $tmp/run/checkpoint/model.safetensors ]] ||
+  fail "train: no metrics.jsonl or checkpoint"
+run 0 eval "$tmp/run/checkpoint" --cpu --data "$tmp/corpus.txt" --seq_len 32
+grep -q "perplexity" "$tmp/out" || fail "eval: no perplexity printed"
+run 0 generate "$tmp/run/checkpoint" --cpu --prompt "In the" --max_tokens 5
+run 0 train --cpu --data "$tmp/corpus.txt" --n_layers 1 --batch_size 2 --seq_len 32 \
+  --total_steps 5 --out "$tmp/run" --resume "$tmp/run/checkpoint" --sample_tokens 0
+grep -q "resumed from" "$tmp/out" || fail "train --resume: no resume line"
+
 echo "cli_smoke: ok ($json_path path)"

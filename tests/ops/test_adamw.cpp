@@ -116,7 +116,8 @@ TEST(AdamW, MatchesFloat64PyTorchFormulaOverSteps) {
   EXPECT_GT(std::fabs(a.master.ptr<float>()[100] - initial[100]), 0.1 * cfg.lr);
 }
 
-// Forces one fp32 rounding per operation (a volatile round trip cannot be fused into an FMA).
+// Forces one fp32 rounding per operation (a volatile round trip cannot be fused into an FMA);
+// the fused steps are explicit std::fma calls.
 float rn(float x) {
   volatile float r = x;
   return r;
@@ -133,11 +134,11 @@ void documented_step(float& p, float& m, float& v, float grad, float scale, bool
   const float g = rn(grad * scale);
   if (decay) p = rn(p * decay_f);
   if (w1 < 0.5f) {
-    m = rn(m + rn(w1 * rn(g - m)));
+    m = std::fma(w1, rn(g - m), m);
   } else {
-    m = rn(g - rn(rn(g - m) * rn(1.0f - w1)));
+    m = std::fma(rn(w1 - 1.0f), rn(g - m), g);
   }
-  v = rn(rn(v * c.beta2) + rn(rn(w2 * g) * g));
+  v = std::fma(rn(w2 * g), g, rn(v * c.beta2));
   const float d = rn(rn(std::sqrt(v) / c2) + c.eps);
   p = rn(p + rn(rn(s1 * m) / d));
 }
