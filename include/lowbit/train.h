@@ -24,12 +24,12 @@ struct TrainOptions {
 
   // Data: "bundled" (the King James Bible shipped with lowbit), "synthetic" (a Markov source
   // with a known entropy rate), or a path to a .txt / .jsonl / .txt.xz corpus or a shard
-  // directory written by `lowbit tokenize`.
+  // directory. JSONL chat records (prompt/response or messages) are trained on
+  // their responses only: the loss mask comes with the data.
   std::string data = "bundled";
   std::string tokenizer;       // a tokenizer file; empty: train one on the corpus (vocab_size)
   int vocab_size = 4096;       // for a tokenizer trained on the corpus
   double val_fraction = 0.02;  // tokens held out for validation
-  bool sft = false;            // JSONL chat records: loss on response tokens only
 
   // Optimisation.
   int batch_size = -1;  // < 0: 16 on a GPU, 8 on the CPU

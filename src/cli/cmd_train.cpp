@@ -138,7 +138,6 @@ void add_train_command(CLI::App& app, CommandAction& action) {
       ->capture_default_str();
   cmd->add_option("--val_fraction", o.val_fraction, "Fraction of tokens held out")
       ->capture_default_str();
-  cmd->add_flag("--sft", o.sft, "Chat JSONL records: loss on the responses only");
   // Optimisation.
   cmd->add_option("--batch_size", o.batch_size,
                   "Sequences per micro-batch (default 16 on a GPU, 8 on the CPU)");

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <thread>
 
+#include "lowbit/core/nvtx.h"
 #include "lowbit/gemm.h"
 #include "lowbit/model.h"
 
@@ -111,6 +112,10 @@ struct LlamaModel::Impl {
     }
     return {};
   }
+  std::string linear_name(int lin) const {
+    if (lin == head_index()) return "lm_head";
+    return std::string(linear_kind_name(static_cast<LinearKind>(lin % kLinearsPerBlock)));
+  }
   const LinearPrecision& precision(int lin) const {
     if (lin == head_index()) return plan.head;
     return plan.linears[lin];
@@ -147,6 +152,7 @@ struct LlamaModel::Impl {
   // `x_owner` is an activation that holds x and that the caller keeps anyway, or null.
   void linear_fwd(int lin, const TensorView& x, const Tensor* x_owner, const TensorView& y,
                   LinearSaved* saved) {
+    const NvtxRange range(linear_name(lin));
     const LinearPrecision& p = precision(lin);
     if (p.recipe == Recipe::kBF16) {
       gemm(ctx, GemmOperand::of(x), GemmOperand::of(weight(lin)), y, {});
@@ -171,6 +177,7 @@ struct LlamaModel::Impl {
 
   // dx [M, K] bf16 = dy · W (skipped when dx is null); dW [Nout, K] f32 += dyᵀ · x.
   void linear_bwd(int lin, const TensorView& dy, const LinearSaved& saved, const TensorView* dx) {
+    const NvtxRange range(linear_name(lin) + " backward");
     const LinearPrecision& p = precision(lin);
     GemmOptions dg;
     dg.role = GemmRole::kDgrad;
@@ -194,6 +201,7 @@ struct LlamaModel::Impl {
 
   // One block forward: returns the block output; fills `s` when training.
   Tensor block_fwd(int l, const Tensor& x, int B, int T, BlockSaved* s) {
+    const NvtxRange range(fmt::format("block {} forward", l));
     const int64_t N = int64_t(B) * T, D = cfg.d_model, F = cfg.ffn_hidden;
     const int H = cfg.n_heads, Hkv = cfg.n_kv_heads, Dh = cfg.head_dim();
     const int64_t Wqkv = int64_t(H + 2 * Hkv) * Dh;
@@ -211,6 +219,7 @@ struct LlamaModel::Impl {
     rope_fwd(ctx, k, k, rope_rows(T));
     Tensor att = act({N, int64_t(H) * Dh}, adt, dev);
     Tensor lse = act({B, H, T}, DType::kF32, dev);
+    const NvtxRange attn_range("attention");
     attention_fwd(ctx, att.view().reshape({B, T, H, Dh}), lse, q, k, v,
                   1.0f / std::sqrt(static_cast<float>(Dh)));
     Tensor x_mid = act({N, D}, adt, dev);
@@ -243,6 +252,7 @@ struct LlamaModel::Impl {
 
   // One block backward: dx [N, D] bf16 holds d(out) on entry and d(x_in) on return.
   void block_bwd(int l, BlockSaved& s, Tensor& dx, int B, int T) {
+    const NvtxRange range(fmt::format("block {} backward", l));
     const int64_t N = int64_t(B) * T, D = cfg.d_model, F = cfg.ffn_hidden;
     const int H = cfg.n_heads, Hkv = cfg.n_kv_heads, Dh = cfg.head_dim();
     const int64_t Wqkv = int64_t(H + 2 * Hkv) * Dh;
@@ -327,6 +337,7 @@ struct LlamaModel::Impl {
       x = std::move(out);
     }
     // Final norm and the chunked head + cross-entropy.
+    const NvtxRange head_range("head + loss");
     Tensor rstdf = act({N}, DType::kF32, dev);
     Tensor lnf = act({N, D}, adt, dev);
     rmsnorm_fwd(ctx, lnf, rstdf, x, param(p_norm), cfg.norm_eps);

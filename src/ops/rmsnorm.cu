@@ -4,12 +4,12 @@
 // Forward: one block per row; each thread holds VPT chunks of VEC elements of x and w.
 // Backward: a block handles `rows_per_block` consecutive rows with `groups` thread groups, each
 // group one row at a time (group g takes rows base + g). Every thread keeps the dw partial sums of
-// its columns in registers; at the end the groups fold them in order 0, 1, … through shared
-// memory and the block writes one partial row to the workspace. A second kernel adds the partial
-// rows in block order to dw. Every order is fixed by the shapes alone, so results are
-// deterministic (and identical on any GPU).
+// its columns in registers; a group's row sum needs only a barrier of its own warps, and x and
+// dout of its next row are loaded while the current one is finished. At the end the groups
+// fold their dw sums in order 0, 1, … through shared memory and the block writes one partial
+// row to the workspace. A second kernel adds the partial rows in block order to dw. Every order is
+// fixed by the shapes alone, so results are deterministic (and identical on any GPU).
 #include <algorithm>
-#include <cstdlib>
 
 #include "lowbit/core/cuda_check.h"
 #include "ops/ops_cuda.cuh"
@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(1024)
     rmsnorm_bwd_kernel(uint16_t* __restrict__ dx, float* __restrict__ partial,
                        const uint16_t* __restrict__ dout, const uint16_t* __restrict__ x,
                        const uint16_t* __restrict__ w, const float* __restrict__ rstd,
-                       int64_t n_rows, int d, int group_threads, int groups, int64_t rows_per_block,
-                       bool named) {
+                       int64_t n_rows, int d, int group_threads, int groups,
+                       int64_t rows_per_block) {
   extern __shared__ float fold[];  // [D]
   __shared__ float scratch[32];    // one sum per warp
   const int g = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
@@ -157,16 +157,11 @@ __global__ void __launch_bounds__(1024)
     // their warps run through their rows independently.
     dot = warp_sum(dot);
     if (warps_per_group > 1) {
-      if (named) {
-        // Barrier of this group's warps only (id g + 1; 0 is __syncthreads).
-        asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(group_threads) : "memory");
-        if ((threadIdx.x & 31) == 0) scratch[warp] = dot;
-        asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(group_threads) : "memory");
-      } else {
-        __syncthreads();  // scratch may still be read by the previous row
-        if ((threadIdx.x & 31) == 0) scratch[warp] = dot;
-        __syncthreads();
-      }
+      // A barrier of this group's warps only (id g + 1; id 0 is __syncthreads), so that groups
+      // do not wait for each other: the first keeps scratch until the previous row has read it.
+      asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(group_threads) : "memory");
+      if ((threadIdx.x & 31) == 0) scratch[warp] = dot;
+      asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(group_threads) : "memory");
       dot = 0.0f;
       for (int j = 0; j < warps_per_group; ++j) dot += scratch[g * warps_per_group + j];
     }
@@ -271,9 +266,8 @@ void launch_bwd_vpt(dim3 grid, int threads, size_t smem, cudaStream_t s, uint16_
     LOWBIT_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
-  const bool named = getenv("LOWBIT_RMS_NAMED") && atoi(getenv("LOWBIT_RMS_NAMED"));
   kernel<<<grid, threads, smem, s>>>(dx, partial, dy, x, w, rstd, n, d, group_threads, groups,
-                                     rows_per_block, named);
+                                     rows_per_block);
 }
 
 template <int VEC>
@@ -332,15 +326,12 @@ void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
   const uint16_t* xp = x.ptr<const uint16_t>();
   const uint16_t* wp = w.ptr<const uint16_t>();
   const bool vec = d % 8 == 0 && aligned16(dxp) && aligned16(dyp) && aligned16(xp) && aligned16(wp);
-  RowPlan p = plan_row(d, vec, "rmsnorm_bwd");
-  int groups = std::clamp(512 / p.threads, 1, 8);
-  int max_blocks = 512;
-  if (getenv("LOWBIT_RMS_GROUPS")) groups = atoi(getenv("LOWBIT_RMS_GROUPS"));
-  if (getenv("LOWBIT_RMS_BLOCKS")) max_blocks = atoi(getenv("LOWBIT_RMS_BLOCKS"));
-  // Rows per block: a multiple of the group count, large enough that at most ~512 partial rows
-  // are written (their traffic stays a few percent of the kernel's).
-  const int64_t rows_per_block =
-      ceil_div(std::max<int64_t>(ceil_div(n, max_blocks), 1), groups) * groups;
+  const RowPlan p = plan_row(d, vec, "rmsnorm_bwd");
+  // Up to 8 groups of p.threads in a block of at most 512 threads; rows per block a multiple of
+  // the group count, so that at most 256 partial rows are written (a few percent of the traffic;
+  // on H100 fewer, longer blocks measured faster than more, shorter ones).
+  const int groups = std::clamp(512 / p.threads, 1, 8);
+  const int64_t rows_per_block = ceil_div(std::max<int64_t>(ceil_div(n, 256), 1), groups) * groups;
   const int64_t blocks = ceil_div(n, rows_per_block);
   float* partial = static_cast<float*>(ctx.workspace(size_t(blocks) * size_t(d) * sizeof(float)));
   const size_t smem = size_t(d) * sizeof(float);

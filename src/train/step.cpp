@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lowbit/core/nvtx.h"
+
 namespace lowbit {
 
 StepRunner::StepRunner(LlamaModel& model, Context& ctx) : model_(model), ctx_(ctx) {
@@ -17,6 +19,7 @@ StepRunner::StepRunner(LlamaModel& model, Context& ctx) : model_(model), ctx_(ct
 
 StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
                              const AdamWConfig& adam, float grad_clip, const ForwardOptions& fwd) {
+  const NvtxRange step_range("train step");
   ParamArena& arena = model_.params();
   StepOutcome out;
   for (const MicroBatch& m : micro) out.valid += m.valid;
@@ -27,10 +30,12 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   model_.quantize_weights();
   double loss_sum = 0;
   for (const MicroBatch& m : micro) {
+    const NvtxRange mb_range("micro-batch forward+backward");
     loss_sum += model_.forward_backward(m.tokens, m.targets, B, T, grad_scale, fwd).loss_sum;
   }
   out.loss = loss_sum / double(std::max<int64_t>(out.valid, 1));
   const std::vector<ParamSegment>& segs = arena.segments();
+  const NvtxRange opt_range("clip + AdamW + scaling update");
   segment_sumsq(ctx_, sumsq_, arena.grad_all, segs);
   clip_coefficient(ctx_, norm_, coef_, skip_, sumsq_, grad_clip);
   const TensorView compute = arena.compute_all.view();
