@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "lowbit/model.h"
 #include "lowbit/train/step.h"
@@ -69,9 +70,20 @@ TEST_P(GpuModel, ForwardBackwardAndFirstStepsMatchTheCpuTwin) {
       EXPECT_LT(d, r == Recipe::kBF16 ? 0.02 : 0.1) << recipe_name(r);
     }
   }
+  // The updates (master − init) of the two devices. AdamW divides by sqrt(v): where a gradient
+  // is tiny, reduction-order and re-rounding differences change its update by O(lr) rather
+  // than proportionally, so the updates agree to ~10 % (quantized recipes: also different
+  // quantization decisions at rounding ties), not to the gradients' 2 %.
   const Tensor wg = Tensor::copy_of(mg.params().master_all, Device::cpu());
-  EXPECT_LT(rel_l2(wg.ptr<float>(), mc.params().master_all.ptr<float>(), mc.params().size()), 1e-2)
-      << recipe_name(r);
+  LlamaModel init(c, plan, cpu);
+  init.init_weights(3);
+  const int64_t P = mc.params().size();
+  std::vector<float> dg(P), dc(P);
+  for (int64_t i = 0; i < P; ++i) {
+    dg[i] = wg.ptr<float>()[i] - init.params().master_all.ptr<float>()[i];
+    dc[i] = mc.params().master_all.ptr<float>()[i] - init.params().master_all.ptr<float>()[i];
+  }
+  EXPECT_LT(rel_l2(dg.data(), dc.data(), P), r == Recipe::kBF16 ? 0.1 : 0.25) << recipe_name(r);
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GpuModel, ::testing::ValuesIn(kAllRecipes), [](const auto& info) {

@@ -59,7 +59,7 @@
 // dtype) and dL/dx is the fourth-order stencil (8(L₊₁ − L₋₁) − (L₊₂ − L₋₂)) / 12h, L summed in
 // double. Run it on f32 tensors (the CPU twins accept f32): the forward then rounds only in fp32
 // and the bound is rtol·(|fd| + 0.1·max|fd|) plus the forward's rounding noise estimated from
-// the outputs that moved (16·u(dtype)·Σ|r·out| / h). `forward` must not modify its inputs.
+// the outputs that moved (1.5 · 16·u(dtype)·Σ|r·out| / h). `forward` must not modify its inputs.
 //
 // ---- Performance (GPU) -----------------------------------------------------------------------
 //   Perf p = time_op(ctx, c, bytes_moved, flops);   // cudaEvents over warm-up + iterations
