@@ -198,12 +198,17 @@ TrainResult train(const TrainOptions& options) {
   TrainResult result;
   int64_t start_step = 0;
   int64_t tokens_seen = 0;
+  int64_t skipped = 0;  // non-finite steps skipped so far (AdamW counts applied updates only)
   if (!opt.resume.empty()) {
     const std::string prev = checkpoint_recipe(opt.resume);
     const CheckpointState st = load_checkpoint(opt.resume, model, /*load_optimizer=*/true);
     start_step = st.step;
     tokens_seen = st.tokens;
     data.restore(st.data_state_json);
+    if (!st.train_config_json.empty()) {
+      const nlohmann::json tc = nlohmann::json::parse(st.train_config_json, nullptr, false);
+      if (tc.is_object()) skipped = tc.value("skipped_steps", int64_t(0));
+    }
     ctx.set_seed(st.rng_seed);
     ctx.set_rng_offset(st.rng_offset);
     for (const std::string& note : st.notes) std::printf("resume: %s\n", note.c_str());
@@ -256,14 +261,22 @@ TrainResult train(const TrainOptions& options) {
     st.step = step;
     st.tokens = tokens_seen;
     st.data_state_json = data.state_json();
-    st.train_config_json = "{}";
+    nlohmann::json tc;
+    tc["skipped_steps"] = skipped;
+    tc["batch_size"] = opt.batch_size;
+    tc["seq_len"] = opt.seq_len;
+    tc["grad_accum_steps"] = opt.grad_accum_steps;
+    tc["total_steps"] = opt.total_steps;
+    tc["lr"] = opt.lr;
+    tc["seed"] = opt.seed;
+    st.train_config_json = tc.dump();
     st.rng_seed = ctx.seed();
     st.rng_offset = ctx.rng_offset();
     save_checkpoint(dir, model, st);
     result.checkpoint_dir = dir;
   };
 
-  int64_t skipped = 0;
+  const int64_t skipped_before = skipped;
   int64_t step = start_step;
   bool first = true;
   for (; step < opt.total_steps; ++step) {
@@ -363,7 +376,7 @@ TrainResult train(const TrainOptions& options) {
   }
   progress.finish();
   result.steps_done = step - start_step;
-  result.skipped_steps = skipped;
+  result.skipped_steps = skipped - skipped_before;
   if (result.steps_done > 0) save(step);
   const MemStats ms = mem_stats(dev);
   std::printf("peak memory: %s\n", format_mem_stats(ms).c_str());
@@ -371,7 +384,9 @@ TrainResult train(const TrainOptions& options) {
               seconds_since(t_start),
               result.checkpoint_dir.empty() ? "no checkpoint written"
                                             : ("checkpoint: " + result.checkpoint_dir).c_str(),
-              skipped ? fmt::format("; {} steps skipped (non-finite)", skipped).c_str() : "");
+              result.skipped_steps
+                  ? fmt::format("; {} steps skipped (non-finite)", result.skipped_steps).c_str()
+                  : "");
 
   if (opt.sample_tokens > 0) {
     // Temperature 0.8, top-k 40 sample from the prompt, recomputing the whole window per token
