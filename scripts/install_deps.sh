@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(cmake g++ make libgtest-dev libcli11-dev nlohmann-json3-dev libfmt-dev libopenblas-dev
-  liblzma-dev zlib1g-dev clang-format python3)
+  liblzma-dev zlib1g-dev libtomlplusplus-dev clang-format python3)
 
 die() {
   echo "install_deps: $*" >&2

@@ -56,6 +56,10 @@ std::vector<std::string> model_preset_names();
 // rope_theta, rope_scaling {rope_type llama3}, tie_word_embeddings).
 ModelConfig model_config_from_json(const std::string& json_text, const ModelConfig& base,
                                    const std::string& source_name);
+// TOML: the keys of our JSON form, at the top level or in a [model] table.
+ModelConfig model_config_from_toml(const std::string& toml_text, const ModelConfig& base,
+                                   const std::string& source_name);
+// By extension: .toml is TOML, anything else JSON (ours or HF config.json).
 ModelConfig model_config_from_file(const std::string& path, const ModelConfig& base);
 
 // ---- precision plan ----------------------------------------------------------------------------

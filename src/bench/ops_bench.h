@@ -24,12 +24,12 @@ struct OpsBenchOptions {
 };
 
 struct OpsBenchRow {
-  std::string op;      // "rmsnorm fwd", "attention fwd+bwd", ...
-  std::string preset;  // "124m", "1b", "attn" (attention sweep), "device" (copy)
-  std::string shape;   // "N16384 D768", ...
-  double ms = 0;       // median time of one call
-  double bytes = 0;    // bytes counted for memory-bound ops (0 for attention)
-  double gbps = -1;    // bytes / time (-1 where not counted)
+  std::string op;            // "rmsnorm fwd", "attention fwd+bwd", ...
+  std::string preset;        // "124m", "1b", "attn" (attention sweep), "device" (copy)
+  std::string shape;         // "N16384 D768", ...
+  double ms = 0;             // median time of one call
+  double bytes = 0;          // bytes counted for memory-bound ops (0 for attention)
+  double gbps = -1;          // bytes / time (-1 where not counted)
   double frac_of_copy = -1;  // gbps / measured device-to-device copy GB/s
   double flops = 0;          // attention only
   double tflops = -1;        // flops / time (-1 where not counted)

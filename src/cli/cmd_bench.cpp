@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/gemm_bench.h"
+#include "bench/ops_bench.h"
 #include "bench/quant_bench.h"
 #include "bench/train_bench.h"
 #include "cli/commands.h"
@@ -362,6 +363,62 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                   verdict(fp8_8192, fp8_8192 >= 1.7));
       std::printf("  emulated MXFP8/NVFP4 time <= 1.25x BF16 (ratio >= 0.80): worst %.2fx (%s)\n",
                   worst_emulated, verdict(worst_emulated, worst_emulated >= 0.8));
+      return 0;
+    };
+  });
+
+  struct OpsOpts {
+    std::string presets = "124m,1b";
+    int iters = 20;
+    std::string json_out;
+  };
+  auto o = std::make_shared<OpsOpts>();
+  CLI::App* ops_cmd = bench->add_subcommand(
+      "ops",
+      "Time of every transformer op (embedding, rmsnorm, rope, swiglu, add, cross-entropy, "
+      "adamw, grad norm, attention) at the presets' shapes, GB/s against the copy bandwidth");
+  ops_cmd->add_option("--presets", o->presets, "Comma-separated: 124m, 1b")->capture_default_str();
+  ops_cmd->add_option("--iters", o->iters, "Timed samples per row (median reported)")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  ops_cmd->add_option("--json-out", o->json_out, "Also write one JSON object per row to this file");
+  ops_cmd->callback([o, &action] {
+    action = [o] {
+      bench::OpsBenchOptions opt;
+      opt.presets = bench::ops_bench_presets(o->presets);
+      opt.iters = o->iters;
+      const std::vector<GpuInfo> gpus = list_gpus();
+      LOWBIT_USER_CHECK(!gpus.empty(), "bench ops needs a CUDA GPU; none was found");
+      std::ofstream f;
+      if (!o->json_out.empty()) {
+        f.open(o->json_out);
+        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}", o->json_out);
+      }
+      std::printf("lowbit bench ops on %s\n", gpus[0].name.c_str());
+      std::printf("%-6s %-26s %-30s %12s %27s\n", "preset", "op", "shape", "time",
+                  "GB/s, % of copy | TFLOP/s");
+      const auto rows = bench::run_ops_bench(opt);
+      auto pos = [](double v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(); };
+      if (f.is_open()) {
+        for (const auto& r : rows) {
+          nlohmann::json j = {
+              {"bench", "ops"},
+              {"impl", "lowbit"},
+              {"op", r.op},
+              {"preset", r.preset},
+              {"shape", r.shape},
+              {"ms", r.error.empty() ? nlohmann::json(r.ms) : nlohmann::json()},
+              {"bytes", r.bytes > 0 ? nlohmann::json(r.bytes) : nlohmann::json()},
+              {"gbps", pos(r.gbps)},
+              {"frac_of_copy", pos(r.frac_of_copy)},
+              {"flops", r.flops > 0 ? nlohmann::json(r.flops) : nlohmann::json()},
+              {"tflops", pos(r.tflops)},
+              {"iters", opt.iters},
+              {"device", gpus[0].name},
+              {"error", r.error.empty() ? nlohmann::json() : nlohmann::json(r.error)}};
+          f << j.dump() << "\n";
+        }
+      }
       return 0;
     };
   });

@@ -100,7 +100,7 @@ void add_train_command(CLI::App& app, CommandAction& action) {
                   "Model preset: tiny, 124m, 350m, 1b, 8b, 70b (default: 124m on a GPU, tiny on "
                   "the CPU)");
   cmd->add_option("--config", o.model_config,
-                  "Model config file: lowbit JSON or a Hugging Face config.json");
+                  "Model config file: lowbit JSON, TOML (.toml) or a Hugging Face config.json");
   cmd->add_option("--d_model", o.d_model, "Override the model width");
   cmd->add_option("--n_layers", o.n_layers, "Override the number of blocks");
   cmd->add_option("--n_heads", o.n_heads, "Override the number of attention heads");

@@ -6,6 +6,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+// toml++ used header-only (the Debian package also ships a shared library we do not link).
+#define TOML_HEADER_ONLY 1
+#define TOML_EXCEPTIONS 1
+#include <toml++/toml.h>
+
 #include "lowbit/model.h"
 
 namespace lowbit {
@@ -230,12 +235,43 @@ ModelConfig model_config_from_json(const std::string& text, const ModelConfig& b
   return c;
 }
 
+ModelConfig model_config_from_toml(const std::string& text, const ModelConfig& base,
+                                   const std::string& source) {
+  toml::table t;
+  try {
+    t = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    throw UserError(fmt::format("{}: not valid TOML ({})", source, e.description()));
+  }
+  // The same keys as our JSON form, at the top level or under [model].
+  const toml::table* keys = t.get_as<toml::table>("model");
+  if (keys == nullptr) keys = &t;
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : *keys) {
+    const std::string key(k.str());
+    if (auto i = v.value<int64_t>(); i && v.is_integer()) {
+      j[key] = *i;
+    } else if (auto f = v.value<double>(); f && v.is_floating_point()) {
+      j[key] = *f;
+    } else if (auto b = v.value<bool>(); b && v.is_boolean()) {
+      j[key] = *b;
+    } else if (auto str = v.value<std::string>(); str && v.is_string()) {
+      j[key] = *str;
+    } else {
+      throw UserError(fmt::format("{}: key '{}' must be a number, boolean or string", source, key));
+    }
+  }
+  return model_config_from_json(j.dump(), base, source);
+}
+
 ModelConfig model_config_from_file(const std::string& path, const ModelConfig& base) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError(fmt::format("cannot read model config file '{}'", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  return model_config_from_json(ss.str(), base, path);
+  const bool toml = path.size() >= 5 && path.compare(path.size() - 5, 5, ".toml") == 0;
+  return toml ? model_config_from_toml(ss.str(), base, path)
+              : model_config_from_json(ss.str(), base, path);
 }
 
 }  // namespace lowbit

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Smoke test of the `lowbit` binary: help, info (table and JSON), bench quant's and bench gemm's
-# options and errors, quantize of a small safetensors file, and the usage-error paths.
+# Smoke test of the `lowbit` binary: help, info (table and JSON), bench quant's, bench gemm's and
+# bench ops' options and errors, quantize of a small safetensors file, and the usage-error paths.
 # Usage: cli_smoke.sh path/to/lowbit
 set -euo pipefail
 
@@ -111,6 +111,22 @@ if [[ $json_path == cpu ]]; then
   grep -q "error: bench gemm needs a CUDA GPU" "$tmp/err" ||
     fail "'lowbit bench gemm' without a GPU does not say that it needs one"
   [[ ! -e $tmp/gemm.jsonl ]] || fail "'lowbit bench gemm' without a GPU wrote its --json-out file"
+fi
+
+# bench ops: its options, a bad --presets (rejected before any GPU is needed), and on a machine
+# without a GPU a clear error instead of a crash.
+run 0 bench ops --help
+for opt in --presets --iters --json-out; do
+  grep -q -- "$opt" "$tmp/out" || fail "'lowbit bench ops --help' does not list $opt"
+done
+run 2 bench ops --presets 7b
+grep -q "error: --presets: unknown preset '7b'" "$tmp/err" ||
+  fail "bench ops, bad --presets: no 'unknown preset' error"
+if [[ $json_path == cpu ]]; then
+  run 2 bench ops --json-out "$tmp/ops.jsonl"
+  grep -q "error: bench ops needs a CUDA GPU" "$tmp/err" ||
+    fail "'lowbit bench ops' without a GPU does not say that it needs one"
+  [[ ! -e $tmp/ops.jsonl ]] || fail "'lowbit bench ops' without a GPU wrote its --json-out file"
 fi
 
 # quantize: a small safetensors checkpoint (a 64x64 BF16 matrix, a rank-1 F32 norm) converted

@@ -96,6 +96,18 @@ TEST(ModelConfigTest, ReadsHuggingFaceConfigAndOurJson) {
                UserError);
   EXPECT_THROW(model_config_from_json("{not json", small_config(), "bad.json"), UserError);
   EXPECT_THROW(model_config_from_file("/nonexistent/config.json", small_config()), UserError);
+  // TOML with the same keys, top level or under [model].
+  const ModelConfig t1 =
+      model_config_from_toml("n_layers = 3\nrope_theta = 500000.0\n", small_config(), "a.toml");
+  EXPECT_EQ(t1.n_layers, 3);
+  EXPECT_FLOAT_EQ(t1.rope.theta, 500000.0f);
+  const ModelConfig t2 = model_config_from_toml(
+      "[model]\nd_model = 256\nn_heads = 4\ntie_embeddings = false\n", small_config(), "b.toml");
+  EXPECT_EQ(t2.d_model, 256);
+  EXPECT_FALSE(t2.tie_embeddings);
+  EXPECT_THROW(model_config_from_toml("n_layers = [1, 2]\n", small_config(), "c.toml"), UserError);
+  EXPECT_THROW(model_config_from_toml("n_layers = \n", small_config(), "d.toml"), UserError);
+  EXPECT_THROW(model_config_from_toml("n_layerz = 3\n", small_config(), "e.toml"), UserError);
 }
 
 TEST(PrecisionPlanTest, RecipesResolvePerLayer) {
