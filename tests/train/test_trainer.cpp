@@ -1,6 +1,7 @@
 // `lowbit train` end to end on the CPU: the loss falls in every recipe, a resumed run equals the
 // uninterrupted one bit for bit, and bad input gives clear errors.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -18,10 +19,26 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The run directories of this process, removed when it exits.
+struct TempDirs {
+  std::vector<fs::path> dirs;
+  ~TempDirs() {
+    std::error_code ec;
+    for (const fs::path& d : dirs) fs::remove_all(d, ec);
+  }
+};
+TempDirs& temp_dirs() {
+  static TempDirs t;
+  return t;
+}
+
 std::string test_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("lowbit_trainer_" + name);
+  // Per process: ctest runs the tests of this file in parallel processes.
+  const fs::path p =
+      fs::temp_directory_path() / ("lowbit_trainer_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(p);
   fs::create_directories(p);
+  temp_dirs().dirs.push_back(p);
   return p.string();
 }
 
