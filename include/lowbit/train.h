@@ -35,7 +35,7 @@ struct TrainOptions {
   int batch_size = -1;  // < 0: 16 on a GPU, 8 on the CPU
   int seq_len = -1;     // < 0: 1024 on a GPU, 128 on the CPU
   int grad_accum_steps = 1;
-  int64_t total_steps = 300;
+  int64_t total_steps = -1;   // < 0: 1000 on a GPU, 300 on the CPU
   int64_t warmup_steps = -1;  // < 0: 5% of total_steps
   float lr = 1e-3f;
   float min_lr_ratio = 0.1f;  // cosine decays to lr · min_lr_ratio

@@ -145,7 +145,8 @@ void add_train_command(CLI::App& app, CommandAction& action) {
                   "Tokens per sequence (default 1024 on a GPU, 128 on the CPU)");
   cmd->add_option("--grad_accum_steps", o.grad_accum_steps, "Micro-batches per optimizer step")
       ->capture_default_str();
-  cmd->add_option("--total_steps", o.total_steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--total_steps", o.total_steps,
+                  "Optimizer steps (default 1000 on a GPU, 300 on the CPU)");
   cmd->add_option("--warmup_steps", o.warmup_steps, "Linear warm-up steps (default 5%)");
   cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--min_lr_ratio", o.min_lr_ratio, "Cosine floor as a fraction of --lr")

@@ -168,6 +168,7 @@ TrainResult train(const TrainOptions& options) {
   TrainOptions opt = options;
   if (opt.batch_size < 0) opt.batch_size = ctx.on_gpu() ? 16 : 8;
   if (opt.seq_len < 0) opt.seq_len = ctx.on_gpu() ? 1024 : 128;
+  if (opt.total_steps < 0) opt.total_steps = ctx.on_gpu() ? 1000 : 300;
   check_options(opt);
   ctx.set_seed(opt.seed);
   std::vector<GpuInfo> gpus = ctx.on_gpu() ? list_gpus() : std::vector<GpuInfo>();
