@@ -146,6 +146,10 @@ struct ForwardOptions {
   bool training = true;                   // keep what the backward needs
   bool activation_checkpointing = false;  // keep only each block's input; recompute in backward
   int loss_chunk_rows = 4096;             // rows of logits materialised at once (bf16)
+  // Quantized linears: recompute the columnwise copy of each block linear's input in the
+  // backward (bit-identical) instead of keeping it from the forward — less activation memory
+  // for one extra RMSNorm/SwiGLU pass per block.
+  bool recompute_quantized_inputs = true;
 };
 
 // Per-step counters gathered on the device (no host synchronisation until read).

@@ -43,6 +43,9 @@ struct TrainOptions {
   float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
   float grad_clip = 1.0f;  // ≤ 0: no clipping
   bool activation_checkpointing = false;
+  // Quantized linears keep the columnwise copy of their inputs from the forward instead of
+  // recomputing it in the backward (more memory, one RMSNorm/SwiGLU pass less per block).
+  bool keep_quantized_inputs = false;
   int loss_chunk_rows = 4096;
 
   // Run control.

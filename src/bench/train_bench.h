@@ -22,6 +22,7 @@ struct TrainBenchOptions {
   int warmup_steps = 3;
   int steps = 10;
   bool activation_checkpointing = false;
+  bool keep_quantized_inputs = false;  // see TrainOptions::keep_quantized_inputs
 };
 
 struct TrainBenchRow {

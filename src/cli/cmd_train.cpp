@@ -157,6 +157,9 @@ void add_train_command(CLI::App& app, CommandAction& action) {
       ->capture_default_str();
   cmd->add_flag("--activation_checkpointing", o.activation_checkpointing,
                 "Keep only block inputs; recompute in the backward");
+  cmd->add_flag("--keep_quantized_inputs", o.keep_quantized_inputs,
+                "Quantized linears keep their inputs' columnwise copies from the forward "
+                "(default: recompute them in the backward, bit-identical, less memory)");
   // Run control.
   cmd->add_option("--seed", o.seed, "Seed of initialisation, data order and rounding")
       ->capture_default_str();

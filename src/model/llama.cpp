@@ -10,7 +10,11 @@
 //   h   = silu(gate) · up                  [N, F]
 //   out = x' + h · Wdownᵀ
 // Each of the four linears runs in its plan's recipe: quantized recipes quantize X (rowwise
-// for fprop, columnwise kept for wgrad), W (once per step) and dY (in the backward).
+// for fprop), W (once per step) and dY (in the backward). The columnwise copy of X that wgrad
+// needs is by default not kept: the backward recomputes it from what the block keeps anyway
+// (ln1 from x_in, att, ln2 from x_mid, h from gu) — same kernels, same inputs and, within a
+// step, the same scales, so its bytes equal the forward's (ForwardOptions::
+// recompute_quantized_inputs; tests/model checks the equality).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -50,7 +54,7 @@ TensorView heads_view(const Tensor& t, int B, int T, int64_t col0, int heads, in
 struct LinearSaved {
   TensorView x;        // bf16 input (bf16 recipe): a view of an activation kept by the block
   Tensor x_keep;       // owns x when nothing else does
-  QuantizedTensor xq;  // quantized recipes: the columnwise copy of X (wgrad)
+  QuantizedTensor xq;  // quantized recipes: the columnwise copy of X (wgrad), kept or recomputed
 };
 
 struct BlockSaved {
@@ -76,6 +80,7 @@ struct LlamaModel::Impl {
   std::unique_ptr<DelayedScalingState> fwd_state, bwd_state;
   std::vector<QuantizedTensor> wq;  // [L·4 + 1] quantized weights (head last)
   bool weights_quantized = false;
+  bool recompute_inputs = true;  // ForwardOptions::recompute_quantized_inputs of this pass
   // Parameter indices.
   int p_embed = 0, p_norm = 0, p_head = 0;
   int num_linears() const { return cfg.n_layers * kLinearsPerBlock; }
@@ -164,11 +169,13 @@ struct LlamaModel::Impl {
     }
     LOWBIT_CHECK(weights_quantized, "quantize_weights() must run before the forward");
     QuantizedTensor xq;
-    quantize(ctx, x, bind(p.x, lin, 0, true, saved != nullptr), xq);
+    // The head's input is used by its backward right away; block linears recompute theirs.
+    const bool keep_columnwise = saved != nullptr && (lin == head_index() || !recompute_inputs);
+    quantize(ctx, x, bind(p.x, lin, 0, true, keep_columnwise), xq);
     GemmOptions o;
     o.role = GemmRole::kFprop;
     gemm(ctx, GemmOperand::of(xq), GemmOperand::of(wq[lin]), y, o);
-    if (saved) {
+    if (keep_columnwise) {
       xq.rowwise_data = Tensor();  // only the columnwise copy is needed (wgrad)
       xq.rowwise_scale_inv = Tensor();
       saved->xq = std::move(xq);
@@ -193,6 +200,37 @@ struct LlamaModel::Impl {
     quantize(ctx, dy, bind(p.dy, lin, 2, dx != nullptr, true), dyq);
     if (dx) gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(wq[lin]), *dx, dg);
     gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(saved.xq), weight_grad(lin), wg);
+  }
+
+  // The columnwise copy of block l's linear k input, recomputed for wgrad (see the top of the
+  // file) when the forward did not keep it.
+  void recompute_wgrad_input(int l, int k, BlockSaved& s) {
+    const int lin = l * kLinearsPerBlock + k;
+    const LinearPrecision& p = precision(lin);
+    if (p.recipe == Recipe::kBF16 || s.lin[k].xq.has_columnwise()) return;
+    const NvtxRange range(linear_name(lin) + " input recompute");
+    const int64_t N = s.x_in.shape()[0], D = cfg.d_model, F = cfg.ffn_hidden;
+    const QuantConfig qc = bind(p.x, lin, 0, false, true);
+    QuantizedTensor& xq = s.lin[k].xq;
+    switch (static_cast<LinearKind>(k)) {
+      case LinearKind::kQKV:
+      case LinearKind::kGateUp: {
+        const bool first = static_cast<LinearKind>(k) == LinearKind::kQKV;
+        Tensor ln = act({N, D}, adt, dev);         // [N, D] = rmsnorm(x_in or x_mid)
+        Tensor rstd = act({N}, DType::kF32, dev);  // [N] equal to the kept rstd
+        rmsnorm_fwd(ctx, ln, rstd, first ? s.x_in : s.x_mid, param(p_layer(l, first ? 0 : 5)),
+                    cfg.norm_eps);
+        quantize(ctx, ln, qc, xq);
+        break;
+      }
+      case LinearKind::kProj: quantize(ctx, s.att, qc, xq); break;
+      case LinearKind::kDown: {
+        Tensor h = act({N, F}, adt, dev);  // [N, F] = silu(gate)·up
+        swiglu_fwd(ctx, h, s.gu);
+        quantize(ctx, h, qc, xq);
+        break;
+      }
+    }
   }
 
   TensorView rope_rows(int T) const {
@@ -259,6 +297,7 @@ struct LlamaModel::Impl {
     const int lin0 = l * kLinearsPerBlock;
     // MLP.
     Tensor dh = act({N, F}, adt, dev);
+    recompute_wgrad_input(l, 3, s);
     linear_bwd(lin0 + 3, dx, s.lin[3], &dh.view());
     s.lin[3] = {};
     Tensor dgu = act({N, 2 * F}, adt, dev);
@@ -266,6 +305,7 @@ struct LlamaModel::Impl {
     dh = Tensor();
     s.gu = Tensor();
     Tensor dln = act({N, D}, adt, dev);
+    recompute_wgrad_input(l, 2, s);
     linear_bwd(lin0 + 2, dgu, s.lin[2], &dln.view());
     s.lin[2] = {};
     dgu = Tensor();
@@ -275,6 +315,7 @@ struct LlamaModel::Impl {
     s.x_mid = Tensor();
     // Attention.
     Tensor datt = act({N, int64_t(H) * Dh}, adt, dev);
+    recompute_wgrad_input(l, 1, s);
     linear_bwd(lin0 + 1, dx, s.lin[1], &datt.view());
     s.lin[1] = {};
     Tensor dqkv = act({N, Wqkv}, adt, dev);
@@ -293,6 +334,7 @@ struct LlamaModel::Impl {
     s.lse = Tensor();
     rope_bwd(ctx, dq, dq, rope_rows(T));
     rope_bwd(ctx, dk, dk, rope_rows(T));
+    recompute_wgrad_input(l, 0, s);
     linear_bwd(lin0 + 0, dqkv, s.lin[0], &dln.view());
     s.lin[0] = {};
     dqkv = Tensor();
@@ -321,6 +363,7 @@ struct LlamaModel::Impl {
                       T, cfg.max_seq_len);
     const int64_t N = int64_t(B) * T, D = cfg.d_model, V = cfg.vocab_size;
     const bool backward = grad_scale > 0;
+    recompute_inputs = opt.recompute_quantized_inputs;
     if (!weights_quantized) quantize_weights();
     Tensor tokens = upload_i32(tokens_in, N);
     Tensor x = act({N, D}, adt, dev);

@@ -308,6 +308,7 @@ TrainResult train(const TrainOptions& options) {
     ac.step = step + 1 - skipped;
     ForwardOptions fo;
     fo.activation_checkpointing = opt.activation_checkpointing;
+    fo.recompute_quantized_inputs = !opt.keep_quantized_inputs;
     fo.loss_chunk_rows = opt.loss_chunk_rows;
     const StepOutcome so = runner.step(micro, B, T, ac, opt.grad_clip, fo);
     tokens_seen += int64_t(B) * T * opt.grad_accum_steps;

@@ -86,6 +86,34 @@ TEST_P(GpuModel, ForwardBackwardAndFirstStepsMatchTheCpuTwin) {
   EXPECT_LT(rel_l2(dg.data(), dc.data(), P), r == Recipe::kBF16 ? 0.1 : 0.25) << recipe_name(r);
 }
 
+// On the device too, recomputing the linears' wgrad inputs in the backward gives the gradients
+// of keeping them from the forward, bit for bit (the quantize kernels are deterministic).
+TEST_P(GpuModel, RecomputedQuantizedInputsGiveIdenticalGradients) {
+  const Recipe r = GetParam();
+  if (r == Recipe::kBF16) GTEST_SKIP() << "bf16 keeps its inputs";
+  const ModelConfig c = tiny();
+  const int B = 4, T = 128;
+  Tensor tokens = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+  std::mt19937 rng(8);
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 512);
+  }
+  std::vector<float> grads[2];
+  for (int keep = 0; keep < 2; ++keep) {
+    Context gpu(Device::cuda(0));
+    LlamaModel m(c, resolve_precision(r, c), gpu);
+    m.init_weights(6);
+    ForwardOptions o;
+    o.recompute_quantized_inputs = keep == 0;
+    for (int mb = 0; mb < 2; ++mb) {
+      m.forward_backward(tokens, tokens, B, T, 1.0f / float(tokens.numel()), o);
+    }
+    const Tensor g = Tensor::copy_of(m.params().grad_all, Device::cpu());
+    grads[keep].assign(g.ptr<float>(), g.ptr<float>() + g.numel());
+  }
+  EXPECT_EQ(grads[0], grads[1]) << recipe_name(r);
+}
+
 INSTANTIATE_TEST_SUITE_P(Recipes, GpuModel, ::testing::ValuesIn(kAllRecipes), [](const auto& info) {
   std::string n = recipe_name(info.param);
   for (char& ch : n) ch = ch == '-' ? '_' : ch;

@@ -219,6 +219,32 @@ TEST(ModelGradientTest, ActivationCheckpointingGivesIdenticalGradients) {
   EXPECT_EQ(grads[0], grads[1]);
 }
 
+// Recomputing the columnwise copies of the linears' inputs in the backward (the default) gives
+// the gradients of keeping them from the forward, bit for bit, in every quantized recipe.
+TEST(ModelGradientTest, RecomputedQuantizedInputsGiveIdenticalGradients) {
+  const ModelConfig c = small_config();
+  const int B = 2, T = 16;
+  const Batch b = make_batch(B, T, c.vocab_size, 6);
+  for (Recipe r : kAllRecipes) {
+    if (r == Recipe::kBF16) continue;
+    std::vector<float> grads[2];
+    for (int keep = 0; keep < 2; ++keep) {
+      Context ctx(Device::cpu());  // fresh stochastic-rounding offsets (nvfp4 gradients)
+      LlamaModel m(c, resolve_precision(r, c), ctx);
+      m.init_weights(4);
+      ForwardOptions o;
+      o.recompute_quantized_inputs = keep == 0;
+      // Two micro-batches: the second recomputes under the amaxes the first recorded.
+      for (int mb = 0; mb < 2; ++mb) {
+        m.forward_backward(b.tokens, b.targets, B, T, 1.0f / float(b.valid), o);
+      }
+      const float* g = m.params().grad_all.ptr<float>();
+      grads[keep].assign(g, g + m.params().size());
+    }
+    EXPECT_EQ(grads[0], grads[1]) << recipe_name(r);
+  }
+}
+
 TEST(ModelGradientTest, EveryRecipeRunsAndStaysCloseToBf16) {
   ModelConfig c = small_config();
   Context ctx(Device::cpu());
