@@ -5,6 +5,7 @@
 // Dh head dim, F MLP hidden width, V vocabulary, L layers.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -99,6 +100,7 @@ struct PrecisionPlan {
   // One line per block: "block 3: qkv fp8 (x e4m3 delayed, w e4m3 delayed, dy e5m2 delayed) …".
   std::string describe() const;
   std::string to_json() const;  // stored in checkpoints
+  bool any_quantized() const;   // some linear (or the head) runs a quantized recipe
 };
 
 PrecisionPlan resolve_precision(Recipe recipe, const ModelConfig& cfg,
@@ -150,6 +152,9 @@ struct ForwardOptions {
   // backward (bit-identical) instead of keeping it from the forward — less activation memory
   // for one extra RMSNorm/SwiGLU pass per block.
   bool recompute_quantized_inputs = true;
+  // Count saturated and underflowing elements of every quantized operand into the model's
+  // quant-stats buffer (one extra pass over each operand; for the steps that log them).
+  bool collect_quant_stats = false;
 };
 
 // Per-step counters gathered on the device (no host synchronisation until read).
@@ -195,6 +200,15 @@ class LlamaModel {
   // Forward only: the loss (eval).
   StepStats forward_loss(const TensorView& tokens, const TensorView& targets, int batch,
                          int seq_len);
+  // Saturation and underflow counts gathered by passes run with collect_quant_stats, per
+  // quantized linear (block linears in order, then the head) and operand (x, w, dy).
+  struct QuantStats {
+    int64_t saturated = 0, underflow = 0, numel = 0;
+  };
+  // [L·4 + 1][3]; reads the device counters (one synchronisation).
+  std::vector<std::array<QuantStats, 3>> quant_stats() const;
+  void reset_quant_stats();
+
   // Logits of the last position of each sequence: [B, V] f32 on the host (generation).
   std::vector<float> last_logits(const TensorView& tokens, int batch, int seq_len);
 

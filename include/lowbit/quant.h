@@ -114,6 +114,15 @@ QuantLayout quant_layout(ScalingMode mode, DType dtype, int64_t m, int64_t k, Us
 // (contiguous) run the kernels of src/quant/*.cu, which produce the same bytes.
 void quantize(Context& ctx, const TensorView& x, const QuantConfig& cfg, QuantizedTensor& out);
 
+// Saturation and underflow of the rowwise copy of `q` against its source x [M, K] (bf16 or f32,
+// contiguous, on q's device): adds {saturated, underflow} to `counts` [2] i64 (same device; no
+// host synchronisation). Saturated: a finite element whose code is the format's largest finite
+// magnitude while |x| exceeds, in source units, that max plus half its spacing (464 for E4M3,
+// 61440 E5M2, 7 E2M1…: it was clipped, not merely rounded to the max); underflow: a finite
+// nonzero element quantized to ±0. Non-finite elements count as neither.
+void quant_clip_stats(Context& ctx, const TensorView& x, const QuantizedTensor& q,
+                      const TensorView& counts);
+
 // Dequantizes one copy to f32, in its stored orientation ([K, M] for transposed columnwise
 // copies); a Hadamard-transformed copy is returned as RHT(x^T), not transformed back.
 Tensor dequantize(const QuantizedTensor& q, Usage usage);

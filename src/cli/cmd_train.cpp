@@ -173,7 +173,8 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_option("--eval_batches", o.eval_batches, "Validation micro-batches")
       ->capture_default_str();
   cmd->add_option("--log_every", o.log_every, "Progress line every N steps")->capture_default_str();
-  cmd->add_option("--stats_every", o.stats_every, "Per-layer FP8 statistics every N steps")
+  cmd->add_option("--stats_every", o.stats_every,
+                  "Per-layer amax/scale and saturation/underflow counts every N steps")
       ->capture_default_str();
   cmd->add_option("--checkpoint_every", o.checkpoint_every, "Checkpoint every N steps (0: end)")
       ->capture_default_str();

@@ -81,6 +81,23 @@ struct LlamaModel::Impl {
   std::vector<QuantizedTensor> wq;  // [L·4 + 1] quantized weights (head last)
   bool weights_quantized = false;
   bool recompute_inputs = true;  // ForwardOptions::recompute_quantized_inputs of this pass
+  bool collect_stats = false;    // ForwardOptions::collect_quant_stats of this pass
+  Tensor stats_counts;  // [L·4 + 1, 3, 2] i64: {saturated, underflow} per linear and operand
+  std::vector<int64_t> stats_numel;  // [L·4 + 1, 3] elements counted (host)
+  bool w_stats_done = false;         // weights are counted once per reset
+
+  // Adds the clip statistics of operand `which` (0 x, 1 w, 2 dy) of linear `lin`.
+  void record_clip_stats(int lin, int which, const TensorView& src, const QuantizedTensor& q) {
+    if (!collect_stats || !q.has_rowwise()) return;
+    if (!stats_counts.defined()) {
+      stats_counts = Tensor::zeros({num_linears() + 1, 3, 2}, DType::kI64, dev);
+      stats_numel.assign(static_cast<size_t>(num_linears() + 1) * 3, 0);
+    }
+    const int64_t slot = int64_t(lin) * 3 + which;
+    auto* base = static_cast<int64_t*>(stats_counts.data()) + slot * 2;
+    quant_clip_stats(ctx, src, q, TensorView(base, DType::kI64, Shape{2}, dev));
+    stats_numel[static_cast<size_t>(slot)] += src.numel();
+  }
   // Parameter indices.
   int p_embed = 0, p_norm = 0, p_head = 0;
   int num_linears() const { return cfg.n_layers * kLinearsPerBlock; }
@@ -172,6 +189,8 @@ struct LlamaModel::Impl {
     // The head's input is used by its backward right away; block linears recompute theirs.
     const bool keep_columnwise = saved != nullptr && (lin == head_index() || !recompute_inputs);
     quantize(ctx, x, bind(p.x, lin, 0, true, keep_columnwise), xq);
+    record_clip_stats(lin, 0, x, xq);
+    if (collect_stats && !w_stats_done) record_clip_stats(lin, 1, weight(lin), wq[lin]);
     GemmOptions o;
     o.role = GemmRole::kFprop;
     gemm(ctx, GemmOperand::of(xq), GemmOperand::of(wq[lin]), y, o);
@@ -198,6 +217,7 @@ struct LlamaModel::Impl {
     }
     QuantizedTensor dyq;
     quantize(ctx, dy, bind(p.dy, lin, 2, dx != nullptr, true), dyq);
+    record_clip_stats(lin, 2, dy, dyq);
     if (dx) gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(wq[lin]), *dx, dg);
     gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(saved.xq), weight_grad(lin), wg);
   }
@@ -364,6 +384,7 @@ struct LlamaModel::Impl {
     const int64_t N = int64_t(B) * T, D = cfg.d_model, V = cfg.vocab_size;
     const bool backward = grad_scale > 0;
     recompute_inputs = opt.recompute_quantized_inputs;
+    collect_stats = opt.collect_quant_stats;
     if (!weights_quantized) quantize_weights();
     Tensor tokens = upload_i32(tokens_in, N);
     Tensor x = act({N, D}, adt, dev);
@@ -431,11 +452,15 @@ struct LlamaModel::Impl {
       BlockSaved& s = saved[l];
       if (!s.complete) {  // activation checkpointing: recompute the block's forward
         Tensor x_in = s.x_in;
+        const bool collecting = collect_stats;  // the forward already counted this block
+        collect_stats = false;
         block_fwd(l, x_in, B, T, &s);
+        collect_stats = collecting;
       }
       block_bwd(l, s, dx, B, T);
     }
     embedding_bwd(ctx, arena.grad(p_embed), tokens.view().reshape({N}), dx);
+    if (collect_stats) w_stats_done = true;
     return st;
   }
 };
@@ -531,6 +556,30 @@ void LlamaModel::sync_compute_weights() {
 }
 
 void LlamaModel::quantize_weights() { impl_->quantize_weights(); }
+
+std::vector<std::array<LlamaModel::QuantStats, 3>> LlamaModel::quant_stats() const {
+  const Impl& m = *impl_;
+  std::vector<std::array<QuantStats, 3>> out(static_cast<size_t>(m.num_linears() + 1));
+  if (!m.stats_counts.defined()) return out;
+  const Tensor host = Tensor::copy_of(m.stats_counts, Device::cpu());
+  const int64_t* c = host.ptr<int64_t>();
+  for (size_t lin = 0; lin < out.size(); ++lin) {
+    for (size_t w = 0; w < 3; ++w) {
+      const size_t slot = lin * 3 + w;
+      out[lin][w] = {c[2 * slot], c[2 * slot + 1], m.stats_numel[slot]};
+    }
+  }
+  return out;
+}
+
+void LlamaModel::reset_quant_stats() {
+  Impl& m = *impl_;
+  if (m.stats_counts.defined()) {
+    fill_bytes(m.stats_counts, 0);
+    std::fill(m.stats_numel.begin(), m.stats_numel.end(), 0);
+  }
+  m.w_stats_done = false;
+}
 
 StepStats LlamaModel::forward_backward(const TensorView& tokens, const TensorView& targets,
                                        int batch, int seq_len, float grad_scale,

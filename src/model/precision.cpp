@@ -159,6 +159,14 @@ std::string PrecisionPlan::describe() const {
   return out;
 }
 
+bool PrecisionPlan::any_quantized() const {
+  if (head.recipe != Recipe::kBF16) return true;
+  for (const LinearPrecision& p : linears) {
+    if (p.recipe != Recipe::kBF16) return true;
+  }
+  return false;
+}
+
 std::string PrecisionPlan::to_json() const {
   nlohmann::json j;
   j["recipe"] = recipe_name(recipe);

@@ -152,6 +152,33 @@ std::string fp8_stats_json(const LlamaModel& model) {
   return out.dump();
 }
 
+// Per-linear saturation and underflow counts of the quantized operands gathered during the
+// step (ForwardOptions::collect_quant_stats).
+nlohmann::json quant_stats_json(const LlamaModel& model) {
+  nlohmann::json out = nlohmann::json::object();
+  const auto stats = model.quant_stats();
+  const int L = model.config().n_layers;
+  static const char* kOperands[3] = {"x", "w", "dy"};
+  for (int lin = 0; lin <= L * kLinearsPerBlock; ++lin) {
+    const bool head = lin == L * kLinearsPerBlock;
+    const LinearPrecision& p = head ? model.plan().head : model.plan().linears[lin];
+    if (p.recipe == Recipe::kBF16) continue;
+    nlohmann::json e;
+    for (int w = 0; w < 3; ++w) {
+      const LlamaModel::QuantStats& s = stats[static_cast<size_t>(lin)][static_cast<size_t>(w)];
+      if (s.numel == 0) continue;
+      e[kOperands[w]] = {
+          {"saturated", s.saturated}, {"underflow", s.underflow}, {"numel", s.numel}};
+    }
+    const std::string name =
+        head ? std::string("lm_head")
+             : fmt::format("{}.{}", lin / kLinearsPerBlock,
+                           linear_kind_name(static_cast<LinearKind>(lin % kLinearsPerBlock)));
+    out[name] = e;
+  }
+  return out;
+}
+
 struct Sampler {
   uint64_t state;
   double next() {  // uniform [0, 1)
@@ -309,6 +336,8 @@ TrainResult train(const TrainOptions& options) {
     ForwardOptions fo;
     fo.activation_checkpointing = opt.activation_checkpointing;
     fo.recompute_quantized_inputs = !opt.keep_quantized_inputs;
+    const bool stats_step = opt.stats_every > 0 && (step + 1) % opt.stats_every == 0;
+    fo.collect_quant_stats = stats_step && model.plan().any_quantized();
     fo.loss_chunk_rows = opt.loss_chunk_rows;
     const StepOutcome so = runner.step(micro, B, T, ac, opt.grad_clip, fo);
     tokens_seen += int64_t(B) * T * opt.grad_accum_steps;
@@ -351,6 +380,10 @@ TrainResult train(const TrainOptions& options) {
     m["peak_mem_bytes"] = mem;
     if (opt.stats_every > 0 && (step + 1) % opt.stats_every == 0) {
       m["fp8"] = nlohmann::json::parse(fp8_stats_json(model));
+      if (fo.collect_quant_stats) {
+        m["quant_stats"] = quant_stats_json(model);
+        model.reset_quant_stats();
+      }
     }
     if (opt.eval_every > 0 && ((step + 1) % opt.eval_every == 0 || step + 1 == opt.total_steps)) {
       result.val_loss = evaluate();

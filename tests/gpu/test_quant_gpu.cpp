@@ -138,6 +138,16 @@ void check_case(const Case& c, int64_t m, int64_t k, Fill fill) {
         compare_bytes("columnwise_amax", want.columnwise_amax, got.columnwise_amax)}) {
     EXPECT_TRUE(err.empty()) << err;
   }
+  // Saturation and underflow counts of the rowwise copy: the kernel against the twin.
+  if (want.has_rowwise()) {
+    Tensor cw = Tensor::zeros({2}, DType::kI64, Device::cpu());
+    Tensor cg = Tensor::zeros({2}, DType::kI64, Device::cuda(0));
+    quant_clip_stats(cpu_ctx, src.view(), want, cw);
+    quant_clip_stats(gpu_ctx, src_gpu.view(), got, cg);
+    const Tensor cgh = Tensor::copy_of(cg, Device::cpu());
+    EXPECT_EQ(cgh.ptr<int64_t>()[0], cw.ptr<int64_t>()[0]) << "saturated";
+    EXPECT_EQ(cgh.ptr<int64_t>()[1], cw.ptr<int64_t>()[1]) << "underflow";
+  }
 }
 
 class GpuQuant : public ::testing::Test {

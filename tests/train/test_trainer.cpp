@@ -1,7 +1,9 @@
 // `lowbit train` end to end on the CPU: the loss falls in every recipe, a resumed run equals the
 // uninterrupted one bit for bit, and bad input gives clear errors.
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -102,6 +104,7 @@ TEST_P(TrainEveryRecipe, LossFallsOnTheBundledCorpus) {
   TrainOptions o = small_run(test_dir(std::string("recipe_") + recipe_name(GetParam())));
   o.recipe = GetParam();
   o.precision.nvfp4_bf16_tail_fraction = 0.0;  // both blocks in NVFP4
+  o.stats_every = 12;
   const TrainResult r = train(o);
   EXPECT_EQ(r.steps_done, o.total_steps);
   EXPECT_EQ(r.skipped_steps, 0);
@@ -111,6 +114,26 @@ TEST_P(TrainEveryRecipe, LossFallsOnTheBundledCorpus) {
   // From ≈ ln(1024) = 6.9 at init; a working recipe loses well over a nat in 24 steps.
   EXPECT_GT(first, 6.0) << recipe_name(GetParam());
   EXPECT_LT(last, first - 1.0) << recipe_name(GetParam());
+  // Steps 12 and 24 log saturation/underflow counts of every quantized operand.
+  std::ifstream in(o.out_dir + "/metrics.jsonl");
+  std::string line;
+  int records = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json m = nlohmann::json::parse(line);
+    if (!m.contains("quant_stats")) continue;
+    ++records;
+    const nlohmann::json& s = m["quant_stats"];
+    ASSERT_TRUE(s.contains("0.qkv") && s.contains("1.down")) << s.dump();
+    for (const char* op : {"x", "w", "dy"}) {
+      const nlohmann::json& e = s["1.gate_up"][op];
+      EXPECT_GT(e["numel"].get<int64_t>(), 0) << op;
+      EXPECT_LE(e["saturated"].get<int64_t>() + e["underflow"].get<int64_t>(),
+                e["numel"].get<int64_t>());
+    }
+    // x: one micro-batch of B·T rows of d_model; w: the weight once.
+    EXPECT_EQ(s["0.qkv"]["x"]["numel"].get<int64_t>(), int64_t(o.batch_size) * o.seq_len * 128);
+  }
+  EXPECT_EQ(records, GetParam() == Recipe::kBF16 ? 0 : 2) << recipe_name(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, TrainEveryRecipe, ::testing::ValuesIn(kAllRecipes),
