@@ -7,6 +7,8 @@
 // amax pass (plain amax and, for RHT copies, the amax after the transform), then the quantize
 // pass. Every number comes from the shared scale math (quant/scale_math.h, quant/hadamard16.h),
 // so the results equal the CPU twin bit for bit.
+#include <type_traits>
+
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/core/philox.h"
 #include "lowbit/quant/hadamard16.h"
@@ -152,11 +154,31 @@ __device__ __forceinline__ void store_codes(const uint8_t (&codes)[kT][kT], DTyp
 
 // Column chunk of 16 values s.x[mb·16 .. +16][kk], optionally through the Hadamard transform
 // (formats.md §5.2; the input is bf16, so the fp32 values are exact bf16 values).
+//
+// kFastRound (v9): step 3 of rht16_apply_f32 (the rounding to bf16) by cvt.rn.bf16x2.f32, two
+// results per instruction, instead of f32_to_bf16_rn's per-element NaN test, cvt and fix-ups
+// (the GPU tests prove cvt.rn.bf16 equal to the codec for every non-NaN value). A NaN result
+// keeps a different payload (0x7FFF instead of 0x7FC0), which nothing can observe: the value
+// only meets amax_combine (skips NaN) and RN(y · m) (NaN in, canonical NaN out, E2M1 0x7).
+// A zero result becomes +0 by RN(y + 0), as the definition asks.
+template <bool kFastRound>
 __device__ __forceinline__ void column_chunk(const TileSmem& s, int kk, int mb, bool rht,
                                              float (&v)[16]) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) v[i] = s.x[mb * 16 + i][kk];
-  if (rht) rht16_apply_f32(v);
+  if (!rht) return;
+  if constexpr (kFastRound) {
+    rht16_butterfly_f32(v);
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+      uint32_t pair;  // v[i + 1] in the high half, v[i] in the low half
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(v[i + 1]), "f"(v[i]));
+      v[i] = __fadd_rn(__uint_as_float(pair << 16), 0.0f);
+      v[i + 1] = __fadd_rn(__uint_as_float(pair & 0xFFFF0000u), 0.0f);
+    }
+  } else {
+    rht16_apply_f32(v);
+  }
 }
 
 // ---- NVFP4
@@ -181,7 +203,8 @@ struct Nvfp4Args {
   float* amax_col;    // [1] global amax of the columnwise copy (after RHT)
 };
 
-template <typename T, Pass kPass, bool kSR>
+// kV9: the columnwise RHT rounds with column_chunk<true>; otherwise the v8 kernel unchanged.
+template <typename T, Pass kPass, bool kSR, bool kV9>
 __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict__ x, Nvfp4Args a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   TileSmem& s = *reinterpret_cast<TileSmem*>(smem_raw);
@@ -205,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
     }
     if (col_uses_own && col_in) {
       float v[16];
-      column_chunk(s, kk, mb, a.rht, v);
+      column_chunk<kV9>(s, kk, mb, a.rht, v);
 #pragma unroll
       for (int i = 0; i < 16; ++i) ca = amax_combine(ca, v[i]);
     }
@@ -273,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
         const Nvfp4GlobalScale g_col = s.g[1];
         float v[16];
         uint8_t codes[16];
-        column_chunk(s, kk, mb, a.rht, v);
+        column_chunk<kV9>(s, kk, mb, a.rht, v);
         float ca = 0.0f;
 #pragma unroll
         for (int i = 0; i < 16; ++i) ca = amax_combine(ca, v[i]);
@@ -301,6 +324,66 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
       }
     }
   }
+}
+
+// NVFP4 global amaxes, v9: one read of x at full width, no shared memory. Thread task: a 16×8
+// block (rows 16·mb .. +16, columns 8·c8 .. +8), loaded as 16 independent 16-byte loads (a
+// warp reads 512 contiguous bytes of each row). The 8 columns of the task are 8 complete
+// 16-element RHT chunks of the columnwise copy (chunks run along M), so the post-RHT amax needs
+// no staging: the butterfly of rht16_apply_f32 (steps 1-2, same fp32 operations in the same
+// order) runs on each, max |y| is taken before the rounding to bf16 and rounded once at the end
+// (equal to the max over rounded values: see rht16_butterfly_f32). One atomic per block and
+// amax; the max is order-independent, so the result is deterministic.
+// Preconditions (checked by the launcher): bf16, M % 16 == 0, K % 8 == 0, x 16-byte aligned.
+__global__ void __launch_bounds__(kThreads)
+    nvfp4_amax_v9_kernel(const uint16_t* __restrict__ x,  // [M, K] bf16
+                         int64_t M, int64_t K, bool want_row, bool want_col, bool rht,
+                         float* amax_row, float* amax_col) {
+  const int64_t k8 = K / 8, n_tasks = (M / 16) * k8;
+  const int64_t task = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  float ra = 0.0f, ca = 0.0f;
+  if (task < n_tasks) {
+    const int64_t mb = task / k8, c8 = task - mb * k8;
+    const uint16_t* p = x + mb * 16 * K + c8 * 8;
+    uint32_t w[16][4];  // [row][word]: word j holds columns 2j (low) and 2j + 1 (high)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint4 u = *reinterpret_cast<const uint4*>(p + i * K);
+      w[i][0] = u.x, w[i][1] = u.y, w[i][2] = u.z, w[i][3] = u.w;
+    }
+    float plain = 0.0f;
+    if (want_row || (want_col && !rht)) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          plain = amax_combine(plain, __uint_as_float(w[i][j] << 16));
+          plain = amax_combine(plain, __uint_as_float(w[i][j] & 0xFFFF0000u));
+        }
+      }
+    }
+    ra = want_row ? plain : 0.0f;
+    if (want_col && rht) {
+      float ymax = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const uint32_t u = w[i][c / 2];
+          v[i] = __uint_as_float((c & 1) ? (u & 0xFFFF0000u) : (u << 16));
+        }
+        rht16_butterfly_f32(v);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ymax = amax_combine(ymax, v[i]);
+      }
+      ca = bf16_to_f32(f32_to_bf16_rn(ymax));  // ymax is never NaN (amax_combine skips NaN)
+    } else if (want_col) {
+      ca = plain;
+    }
+  }
+  block_amax_to_global(ra, amax_row);
+  block_amax_to_global(ca, amax_col);
 }
 
 // ---- MX
@@ -386,13 +469,25 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
   const dim3 grid(unsigned(ceil_div(M, kT)), unsigned(ceil_div(K, kT)));
   Nvfp4Args a{M,       K, rowwise, columnwise, rht,      sr,       two_d,   row_key,
               col_key, q, q_scale, qt,         qt_scale, amax_row, amax_col};
-  auto amax_pass = nvfp4_kernel<T, Pass::kAmax, false>;
-  auto quant_pass =
-      sr ? nvfp4_kernel<T, Pass::kQuantize, true> : nvfp4_kernel<T, Pass::kQuantize, false>;
-  set_smem(amax_pass);
+  const bool v9 = !legacy_kernels();
+  auto amax_pass = nvfp4_kernel<T, Pass::kAmax, false, false>;
+  auto quant_pass = v9 ? (sr ? nvfp4_kernel<T, Pass::kQuantize, true, true>
+                             : nvfp4_kernel<T, Pass::kQuantize, false, true>)
+                       : (sr ? nvfp4_kernel<T, Pass::kQuantize, true, false>
+                             : nvfp4_kernel<T, Pass::kQuantize, false, false>);
   set_smem(quant_pass);
   if (!amax_ready) {
-    amax_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
+    const bool v9_amax = v9 && std::is_same_v<T, uint16_t> && M % 16 == 0 && K % 8 == 0 &&
+                         reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    if (v9_amax) {
+      const int64_t n_tasks = (M / 16) * (K / 8);
+      nvfp4_amax_v9_kernel<<<unsigned(ceil_div(n_tasks, int64_t(kThreads))), kThreads, 0, stream>>>(
+          reinterpret_cast<const uint16_t*>(x), M, K, rowwise || two_d, columnwise && !two_d, rht,
+          amax_row, amax_col);
+    } else {
+      set_smem(amax_pass);
+      amax_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
+    }
     LOWBIT_CUDA_CHECK_LAUNCH();
   }
   quant_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);

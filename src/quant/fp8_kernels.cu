@@ -3,6 +3,10 @@
 // transposed columnwise payload, the scales and the amax. The CPU twin (src/quant/*_ref.cpp)
 // defines the results; these kernels reproduce them bit for bit by calling the same scale math
 // (quant/scale_math.h) and conversions proven identical to the codec (cuda_common.cuh).
+#include <cstdlib>
+#include <string_view>
+#include <type_traits>
+
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/quant/layout.h"
 #include "quant/cuda_common.cuh"
@@ -323,6 +327,181 @@ __global__ void __launch_bounds__(kThreads)
   if (amax_out != nullptr) block_amax_to_global(tile_amax, amax_out);
 }
 
+// ---- FP8 block scaling, v9: bf16 source, full 128×128 tiles ------------------------------------
+//
+// Same tile and numerics as fp8_block_kernel; what changes is how the data moves:
+//  * all eight 16-byte loads of a thread are issued before any is used (8 × 256 threads × 16 B
+//    = 32 KB in flight per block; v8 had one load per loop iteration in flight);
+//  * the tile is staged in shared memory as whole 16-byte granules (one STS.128 per 8 elements
+//    instead of eight 2-byte stores) and read back as 4-byte column pairs (one LDS per two
+//    elements instead of two 2-byte loads per element, amax and quantize);
+//  * the transposed copy is written as whole 32-byte sectors: lanes 2u and 2u+1 store the two
+//    16-byte halves of one sector (a warp: 16 rows of the transposed copy × 32 bytes).
+// Shared-memory layout: tile row r (128 bf16 = 256 bytes = 16 granules) keeps granule g at
+// g ^ (((r >> 4) & 1) << 2). The column reads of one instruction touch rows r and r + 16, four
+// granules each; the swizzle puts them in the two different 64-byte halves of the banks.
+__device__ __forceinline__ int fp8_block_swizzle(int r, int g) { return g ^ (((r >> 4) & 1) << 2); }
+
+// Eight bf16 values of a 16-byte granule → eight FP8 codes (cvt_sat(RN(x · s)), x exact in fp32).
+__device__ __forceinline__ uint2 fp8_codes8(const uint4& u, float s, bool e5m2) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  uint32_t c[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    c[i] = cvt_fp8x2(mul_rn(__uint_as_float(w[i] << 16), s),
+                     mul_rn(__uint_as_float(w[i] & 0xFFFF0000u), s), e5m2);
+  }
+  return make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
+}
+
+__device__ __forceinline__ float amax8_bf16(const uint4& u) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  float a = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    a = amax_combine(a, __uint_as_float(w[i] << 16));
+    a = amax_combine(a, __uint_as_float(w[i] & 0xFFFF0000u));
+  }
+  return a;
+}
+
+// Preconditions (checked by the launcher): M % 128 == 0, K % 128 == 0, x and qt 16-byte
+// aligned, q 8-byte aligned. No bounds checks.
+template <bool k2D>
+__global__ void __launch_bounds__(kThreads, 3)
+    fp8_block_v9_kernel(const uint16_t* __restrict__ x,  // [M, K] bf16
+                        int64_t M, int64_t K, bool e5m2, float fmax, bool pow2, float eps,
+                        float value_for_inf,
+                        uint8_t* __restrict__ q,       // [M, K] or null
+                        float* __restrict__ q_scale,   // rowwise scale_inv (layout per mode)
+                        uint8_t* __restrict__ qt,      // [K, M] or null
+                        float* __restrict__ qt_scale,  // columnwise scale_inv
+                        float* amax_out) {
+  __shared__ __align__(16) uint4 tile[kB][kB / 8];  // [128 rows][16 granules], swizzled, 32 KB
+  __shared__ float col_part[2][kB];                 // 1×128 columnwise: amax of each half column
+  __shared__ float warp_red[kThreads / 32];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  // blockIdx.x walks M (consecutive blocks write adjacent parts of the same transposed rows).
+  const unsigned mb_idx = blockIdx.x, kb_idx = blockIdx.y;
+  const int64_t m0 = int64_t(mb_idx) * kB, k0 = int64_t(kb_idx) * kB;
+
+  // Rowwise: chunk j of a thread is row 16j + 2·warp + lane/16, granule lane%16 — a half-warp
+  // holds one 1×128 block (one full row of the tile).
+  const int g = lane & 15;
+  uint4 raw[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int r = 16 * j + 2 * warp + (lane >> 4);
+    raw[j] = *reinterpret_cast<const uint4*>(x + (m0 + r) * K + k0 + 8 * g);
+  }
+  float tile_amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int r = 16 * j + 2 * warp + (lane >> 4);
+    tile[r][fp8_block_swizzle(r, g)] = raw[j];
+    float a = amax8_bf16(raw[j]);
+    tile_amax = fmax_num(tile_amax, a);
+    if constexpr (!k2D) {
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) a = fmax_num(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+      if (q != nullptr) {
+        const float s = compute_scale_from_amax(a, fmax, pow2, eps, value_for_inf);
+        *reinterpret_cast<uint2*>(q + (m0 + r) * K + k0 + 8 * g) = fp8_codes8(raw[j], s, e5m2);
+        if (g == 0) q_scale[vec128_scale_index(m0 + r, kb_idx, M)] = scale_inv_from_scale(s);
+      }
+    }
+  }
+  float s_tile = 1.0f;
+  if constexpr (k2D) {
+    float a = warp_max(tile_amax);
+    if (lane == 0) warp_red[warp] = a;
+    __syncthreads();  // also publishes the tile for the columnwise pass
+    a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) a = fmax_num(a, warp_red[w]);
+    s_tile = compute_scale_from_amax(a, fmax, pow2, eps, value_for_inf);
+    if (t == 0) {
+      const int64_t k_blocks = K / kB, m_blocks = M / kB;
+      if (q_scale != nullptr)
+        q_scale[blk128_scale_index(mb_idx, kb_idx, k_blocks)] = scale_inv_from_scale(s_tile);
+      if (qt_scale != nullptr)
+        qt_scale[blk128_scale_index(kb_idx, mb_idx, m_blocks)] = scale_inv_from_scale(s_tile);
+    }
+    if (q != nullptr) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int r = 16 * j + 2 * warp + (lane >> 4);
+        *reinterpret_cast<uint2*>(q + (m0 + r) * K + k0 + 8 * g) = fp8_codes8(raw[j], s_tile, e5m2);
+      }
+    }
+  } else {
+    __syncthreads();
+  }
+
+  if (qt != nullptr) {
+    // Columnwise: lane pair (u = lane/2, p = lane%2) of warp w owns columns 2cp and 2cp + 1,
+    // cp = 16·(w%4) + u, rows h·64 + seg·32 + p·16 + i (h = w/4, seg < 2, i < 16): p picks the
+    // 16-byte half of each 32-byte output sector.
+    const int u = lane >> 1, p = lane & 1, h = warp >> 2;
+    const int cp = 16 * (warp & 3) + u;
+    const int gq = cp >> 2, wq = cp & 3;  // granule and 4-byte word of the column pair
+    uint32_t col[2][16];                  // [seg][i]: bf16 of column 2cp (low), 2cp + 1 (high)
+#pragma unroll
+    for (int seg = 0; seg < 2; ++seg) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int r = h * 64 + seg * 32 + p * 16 + i;  // (r >> 4) & 1 == p
+        col[seg][i] = reinterpret_cast<const uint32_t*>(&tile[r][gq ^ (p << 2)])[wq];
+      }
+    }
+    float s[2] = {s_tile, s_tile};
+    if constexpr (!k2D) {
+      float a[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int seg = 0; seg < 2; ++seg) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          a[0] = amax_combine(a[0], __uint_as_float(col[seg][i] << 16));
+          a[1] = amax_combine(a[1], __uint_as_float(col[seg][i] & 0xFFFF0000u));
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        a[c] = fmax_num(a[c], __shfl_xor_sync(0xFFFFFFFFu, a[c], 1));  // the lane pair: 64 rows
+        if (p == 0) col_part[h][2 * cp + c] = a[c];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int kk = 2 * cp + c;
+        s[c] = compute_scale_from_amax(fmax_num(col_part[0][kk], col_part[1][kk]), fmax, pow2, eps,
+                                       value_for_inf);
+        if (h == 0 && p == 0) {
+          qt_scale[vec128_scale_index(k0 + kk, mb_idx, K)] = scale_inv_from_scale(s[c]);
+        }
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      uint8_t* out = qt + (k0 + 2 * cp + c) * M + m0 + h * 64 + p * 16;
+#pragma unroll
+      for (int seg = 0; seg < 2; ++seg) {
+        uint32_t w[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t lo = col[seg][2 * i], hi = col[seg][2 * i + 1];
+          const float vlo = __uint_as_float(c == 0 ? lo << 16 : lo & 0xFFFF0000u);
+          const float vhi = __uint_as_float(c == 0 ? hi << 16 : hi & 0xFFFF0000u);
+          w[i] = cvt_fp8x2(mul_rn(vlo, s[c]), mul_rn(vhi, s[c]), e5m2);
+        }
+        *reinterpret_cast<uint4*>(out + seg * 32) = make_uint4(
+            w[0] | (w[1] << 16), w[2] | (w[3] << 16), w[4] | (w[5] << 16), w[6] | (w[7] << 16));
+      }
+    }
+  }
+  if (amax_out != nullptr) block_amax_to_global(tile_amax, amax_out);
+}
+
 int grid_for(int64_t n) {
   int64_t blocks = (n / 8 + kThreads - 1) / kThreads;
   if (blocks < 1) blocks = 1;
@@ -331,6 +510,14 @@ int grid_for(int64_t n) {
 }
 
 }  // namespace
+
+bool legacy_kernels() {
+  static const bool legacy = [] {
+    const char* env = std::getenv("LOWBIT_QUANT_KERNELS");
+    return env != nullptr && std::string_view(env) == "v8";
+  }();
+  return legacy;
+}
 
 template <typename T>
 void amax(const T* x, int64_t n, float* amax_out, cudaStream_t stream) {
@@ -364,6 +551,20 @@ void fp8_block(const T* x, int64_t M, int64_t K, bool two_d, bool e5m2, float fm
                float* qt_scale, float* amax_out, cudaStream_t stream) {
   if (M == 0 || K == 0) return;
   const dim3 grid(unsigned(ceil_div(M, kB)), unsigned(ceil_div(K, kB)));
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    // v9 (default): bf16 source, full tiles, aligned rows; v8 is kept for every other case and
+    // for A/B runs (LOWBIT_QUANT_KERNELS=v8).
+    const bool full = M % kB == 0 && K % kB == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(q) % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(qt) % 16 == 0;
+    if (full && !legacy_kernels()) {
+      auto kern = two_d ? fp8_block_v9_kernel<true> : fp8_block_v9_kernel<false>;
+      kern<<<grid, kThreads, 0, stream>>>(x, M, K, e5m2, fmax, pow2, eps, value_for_inf, q, q_scale,
+                                          qt, qt_scale, amax_out);
+      LOWBIT_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   const size_t smem = sizeof(T) * kB * (kB + 2) + 2 * kB * sizeof(float);
   if (two_d) {
     auto kern = fp8_block_kernel<T, true>;

@@ -18,6 +18,11 @@ void quantize_cuda(Context& ctx, const TensorView& x, const QuantConfig& cfg,
 
 namespace lowbit::quant_cuda {
 
+// Kernel generation, chosen once per process for A/B runs on hardware: LOWBIT_QUANT_KERNELS=v8
+// selects the previous kernels (FP8 block scaling, the NVFP4 amax and quantize passes; see
+// bench/NOTES-quant.md), anything else the current ones. Results are byte-identical either way.
+bool legacy_kernels();
+
 // *amax_out = max(*amax_out, max |x|) over n elements (NaN skipped).
 template <typename T>
 void amax(const T* x, int64_t n, float* amax_out, cudaStream_t stream);

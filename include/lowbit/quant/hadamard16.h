@@ -182,7 +182,10 @@ LOWBIT_HD void rht16_apply_exact(const uint16_t x[16], uint16_t y[16],
 // values span more than about 16 binades; only then can the result differ from the exact sum
 // rounded once (rht16_apply_exact), and it then differs by at most one bf16 ulp. The 64 fp32
 // additions per 16 values keep the transform far below the memory time of the cast kernels.
-LOWBIT_HD void rht16_apply_f32(float (&v)[16], uint16_t sign_mask = kRhtSignMask) {
+// Steps 1 and 2 (the fp32 values before the rounding to bf16). Split out so that kernels that
+// need only max |y| can round once, after the max: RNE to bf16 is monotonic and symmetric, so
+// max_j |bf16(y_j)| = bf16(max_j |y_j|) (NaN results are skipped either way).
+LOWBIT_HD void rht16_butterfly_f32(float (&v)[16], uint16_t sign_mask = kRhtSignMask) {
   for (int i = 0; i < 16; ++i) v[i] = ((sign_mask >> i) & 1u) ? -0.25f * v[i] : 0.25f * v[i];
   for (int h = 1; h < 16; h <<= 1) {
     for (int i = 0; i < 16; ++i) {
@@ -192,6 +195,10 @@ LOWBIT_HD void rht16_apply_f32(float (&v)[16], uint16_t sign_mask = kRhtSignMask
       v[i + h] = a - b;
     }
   }
+}
+
+LOWBIT_HD void rht16_apply_f32(float (&v)[16], uint16_t sign_mask = kRhtSignMask) {
+  rht16_butterfly_f32(v, sign_mask);
   for (int i = 0; i < 16; ++i) {
     uint16_t b = f32_to_bf16_rn(v[i]);
     if ((b & 0x7FFFu) == 0) b = 0;            // +0 for a zero result
