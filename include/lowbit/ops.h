@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "lowbit/core.h"
+#include "lowbit/quant.h"
 
 namespace lowbit {
 
@@ -41,6 +42,20 @@ void rmsnorm_fwd(Context& ctx, const TensorView& out, const TensorView& rstd, co
 // rstd.
 void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const TensorView& dout,
                  const TensorView& x, const TensorView& w, const TensorView& rstd);
+
+// RMSNorm fused with the quantization of its output for the next GEMM. The result is defined as
+// rmsnorm_fwd(ctx, y, rstd, x, w, eps) followed by quantize(ctx, y, cfg, out): `out` (and y,
+// rstd when given, and the delayed-scaling history) hold exactly those bytes, whatever path runs.
+// y [N, D] bf16 and rstd [N] f32 may each be an empty TensorView() (not written; a scratch is used
+// where the path needs one). On the GPU, per-tensor FP8 with delayed scaling (the scale is known
+// before the pass; the default training recipe) runs as one kernel that reads x and w and writes
+// the rowwise [N, D] and/or transposed columnwise [D, N] payloads, scale_inv and the amax (folded
+// into the state's current history row), without a bf16 round trip through memory; every other
+// configuration (current scaling, block, MX, NVFP4, D % 8 != 0, very wide rows) runs the two
+// steps one after the other.
+void rmsnorm_fwd_quantize(Context& ctx, const TensorView& y, const TensorView& rstd,
+                          const TensorView& x, const TensorView& w, float eps,
+                          const QuantConfig& cfg, QuantizedTensor& out);
 
 // ---- rotary position embedding -----------------------------------------------------------
 struct RopeConfig {
@@ -81,6 +96,11 @@ void attention_bwd(Context& ctx, const TensorView& dq, const TensorView& dk, con
 // gate_up [N, 2F] bf16 holds the gate projection in columns [0, F) and the up projection in
 // [F, 2F). out [N, F] bf16 = silu(gate) · up.
 void swiglu_fwd(Context& ctx, const TensorView& out, const TensorView& gate_up);
+// SwiGLU fused with the quantization of its output: exactly swiglu_fwd(ctx, h, gate_up) followed
+// by quantize(ctx, h, cfg, out). h [N, F] bf16 may be an empty TensorView() (not written). Fused
+// on the GPU for per-tensor FP8 with delayed scaling (F % 8 == 0); otherwise the two steps.
+void swiglu_fwd_quantize(Context& ctx, const TensorView& h, const TensorView& gate_up,
+                         const QuantConfig& cfg, QuantizedTensor& out);
 // dgate_up [N, 2F] bf16 (overwritten) from dout [N, F] bf16 and the forward's gate_up.
 void swiglu_bwd(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
                 const TensorView& gate_up);

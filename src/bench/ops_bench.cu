@@ -217,6 +217,34 @@ void bench_preset(Context& ctx, Recorder& rec, const OpsBenchPreset& p) {
     rec.failed("rmsnorm", name, e.what());
   }
 
+  // RMSNorm + per-tensor FP8 (delayed scaling, the forward's rowwise copy; then both copies as
+  // the backward's recompute would ask): the fused kernel against rmsnorm_fwd + quantize. Both
+  // rows count the fused op's traffic (x, w read; codes, rstd written; no bf16 y), so their GB/s
+  // compare directly; the unfused path moves 2·N·D·2 more bytes (y written and read back).
+  try {
+    Tensor x = Tensor::empty({N, D}, bf, dev), w = Tensor::empty({D}, bf, dev);
+    Tensor y = Tensor::empty({N, D}, bf, dev), rstd = Tensor::empty({N}, f32, dev);
+    fill_normal(x, 1.0f, 3, s);
+    fill_normal(w, 1.0f, 4, s);
+    DelayedScalingState state(DelayedScalingConfig{}, ScalingPass::kForward, 1, dev);
+    const std::string sh = dims({{"N", N}, {"D", D}});
+    for (const bool both : {false, true}) {
+      QuantConfig cfg = QuantConfig::fp8_delayed(state, 0);
+      cfg.columnwise = both;
+      QuantizedTensor q;
+      const double bytes = 2.0 * N * D + 2.0 * D + (both ? 2.0 : 1.0) * N * D + 4.0 * N;
+      const std::string copies = both ? "row+col" : "row";
+      rec.row("rmsnorm fwd+fp8 " + copies + " fused", name, sh, bytes, 0,
+              [&] { rmsnorm_fwd_quantize(ctx, TensorView(), rstd, x, w, mc.norm_eps, cfg, q); });
+      rec.row("rmsnorm fwd+fp8 " + copies + " unfused", name, sh, bytes, 0, [&] {
+        rmsnorm_fwd(ctx, y, rstd, x, w, mc.norm_eps);
+        quantize(ctx, y, cfg, q);
+      });
+    }
+  } catch (const std::exception& e) {
+    rec.failed("rmsnorm fwd+fp8", name, e.what());
+  }
+
   // RoPE in place on the q heads of a fused qkv activation [B, T, H + 2·Hkv, Dh]: q read and
   // written once, the [T, Dh/2, 2] f32 table read once.
   try {
@@ -247,6 +275,30 @@ void bench_preset(Context& ctx, Recorder& rec, const OpsBenchPreset& p) {
             [&] { swiglu_bwd(ctx, dgu, out, gu); });
   } catch (const std::exception& e) {
     rec.failed("swiglu", name, e.what());
+  }
+
+  // SwiGLU + per-tensor FP8 (delayed scaling), fused against swiglu_fwd + quantize; both rows
+  // count the fused traffic (gate_up read, codes written).
+  try {
+    Tensor gu = Tensor::empty({N, 2 * F}, bf, dev), h = Tensor::empty({N, F}, bf, dev);
+    fill_normal(gu, 1.0f, 6, s);
+    DelayedScalingState state(DelayedScalingConfig{}, ScalingPass::kForward, 1, dev);
+    const std::string sh = dims({{"N", N}, {"F", F}});
+    for (const bool both : {false, true}) {
+      QuantConfig cfg = QuantConfig::fp8_delayed(state, 0);
+      cfg.columnwise = both;
+      QuantizedTensor q;
+      const double bytes = 2.0 * N * 2 * F + (both ? 2.0 : 1.0) * N * F;
+      const std::string copies = both ? "row+col" : "row";
+      rec.row("swiglu fwd+fp8 " + copies + " fused", name, sh, bytes, 0,
+              [&] { swiglu_fwd_quantize(ctx, TensorView(), gu, cfg, q); });
+      rec.row("swiglu fwd+fp8 " + copies + " unfused", name, sh, bytes, 0, [&] {
+        swiglu_fwd(ctx, h, gu);
+        quantize(ctx, h, cfg, q);
+      });
+    }
+  } catch (const std::exception& e) {
+    rec.failed("swiglu fwd+fp8", name, e.what());
   }
 
   // Residual add x += y over [N, D] bf16: two reads, one write.

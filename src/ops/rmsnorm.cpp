@@ -3,6 +3,7 @@
 
 #include "lowbit/ops.h"
 #include "ops/ops_check.h"
+#include "ops/quant_epilogue.h"
 #include "ops/rmsnorm_impl.h"
 
 namespace lowbit {
@@ -52,6 +53,35 @@ void rmsnorm_fwd(Context& ctx, const TensorView& out, const TensorView& rstd, co
   } else {
     rmsnorm_fwd_cpu(out, rstd, x, w, eps);
   }
+}
+
+void rmsnorm_fwd_quantize(Context& ctx, const TensorView& y, const TensorView& rstd,
+                          const TensorView& x, const TensorView& w, float eps,
+                          const QuantConfig& cfg, QuantizedTensor& out) {
+  const char* op = "rmsnorm_fwd_quantize";
+  const bool has_y = !absent(y), has_rstd = !absent(rstd);
+  check_devices(op, ctx, {{"x", &x}, {"w", &w}});
+  if (has_y) check_devices(op, ctx, {{"y", &y}});
+  if (has_rstd) check_devices(op, ctx, {{"rstd", &rstd}});
+  check_x_w(op, x, w);
+  // bf16 only (no f32 on the CPU): what is quantized is y rounded to bf16.
+  check_dtype(op, "x", x, DType::kBF16);
+  check_dtype(op, "w", w, DType::kBF16);
+  if (has_y) {
+    check_dtype(op, "y", y, DType::kBF16);
+    check_same_shape(op, "y", y, "x", x);
+    check_contiguous(op, "y", y);
+  }
+  if (has_rstd) check_rstd(op, rstd, x);
+  LOWBIT_USER_CHECK(std::isfinite(eps) && eps >= 0.0f,
+                    "{}: eps must be finite and non-negative, got {}", op, eps);
+  LOWBIT_USER_CHECK(x.size(1) > 0 || x.size(0) == 0, "{}: x {} has rows of width 0", op, x.str());
+  if (ctx.on_gpu() && fp8_delayed_fusable(cfg, ctx.device()) &&
+      rmsnorm_fwd_quantize_cuda(ctx, y, rstd, x, w, eps, cfg, out)) {
+    return;
+  }
+  // Everything else (and the CPU): the definition, step by step. quantize() validates cfg.
+  rmsnorm_fwd_quantize_composed(ctx, y, rstd, x, w, eps, cfg, out);
 }
 
 void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const TensorView& dout,

@@ -13,6 +13,7 @@
 
 #include "lowbit/core/cuda_check.h"
 #include "ops/ops_cuda.cuh"
+#include "ops/quant_epilogue.cuh"
 #include "ops/rmsnorm_impl.h"
 
 namespace lowbit::ops_detail {
@@ -53,6 +54,20 @@ __device__ __forceinline__ void store_vec(uint16_t* p, const float* v) {
   }
 }
 
+// Σ x² of this thread's VPT chunks, chunk by chunk, element by element, each step one fused
+// multiply-add (explicit, so that the plain and the fused-quantize forward kernels, which both
+// call this, cannot be contracted differently: their rstd and y must be bit-identical).
+template <int VEC, int VPT>
+__device__ __forceinline__ float sumsq_chunks(const Raw<VEC>* xv) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) ss = __fmaf_rn(xv[k].get(i), xv[k].get(i), ss);
+  }
+  return ss;
+}
+
 // rstd = 1 / sqrt(ss / D + eps), each step one RN fp32 operation (as the CPU twin).
 __device__ __forceinline__ float rstd_of(float ss, int d, float eps) {
   return __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(ss, float(d)), eps)));
@@ -68,7 +83,6 @@ __global__ void __launch_bounds__(512)
   const int64_t row = blockIdx.x;
   const uint16_t* xr = x + row * d;  // [D]
   Raw<VEC> xv[VPT], wv[VPT];
-  float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int c = (threadIdx.x + k * blockDim.x) * VEC;
@@ -79,10 +93,8 @@ __global__ void __launch_bounds__(512)
       xv[k].zero();
       wv[k].zero();
     }
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) ss += xv[k].get(i) * xv[k].get(i);
   }
-  ss = block_sum(ss, scratch);
+  const float ss = block_sum(sumsq_chunks<VEC, VPT>(xv), scratch);
   const float r = rstd_of(ss, d, eps);
   if (threadIdx.x == 0) rstd[row] = r;
 #pragma unroll
@@ -94,6 +106,122 @@ __global__ void __launch_bounds__(512)
     for (int i = 0; i < VEC; ++i) y[i] = __fmul_rn(__fmul_rn(xv[k].get(i), r), wv[k].get(i));
     store_vec<VEC>(out + row * d + c, y);
   }
+}
+
+// ---- forward fused with per-tensor FP8 quantization (delayed scaling) --------------------------
+//
+// One block per tile of kQRows rows. The block is `groups` groups of group_threads threads, where
+// group_threads, VEC = 8 and VPT are the RowPlan rmsnorm_fwd_kernel runs with for this D; group g
+// takes rows g, g + groups, … of the tile and handles each one exactly as a block of
+// rmsnorm_fwd_kernel does (same chunks per thread, same per-thread sum sumsq_chunks, same
+// cross-warp order in group_sum), so rstd and the bf16 y are bit-identical to rmsnorm_fwd's. The
+// bf16 value of y is what gets quantized (quantize(y) reads y back as bf16). Rowwise codes go
+// straight to q; for the columnwise copy they are staged in shared memory and the tile is written
+// transposed at the end (store_transposed: whole 32-byte sectors of qt's rows). x of a group's next
+// row is loaded while the current one is reduced.
+constexpr int kQRows = 32;
+
+// block_sum of ops_cuda.cuh over the wpg warps of group g only (named barrier g + 1): the same
+// operations in the same order as block_sum over a block of wpg warps.
+__device__ __forceinline__ float group_sum(float v, float* scratch, int g, int wpg,
+                                           int group_threads) {
+  v = warp_sum(v);
+  if (wpg == 1) return v;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // The first barrier keeps scratch until the group's previous row has read it.
+  asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(group_threads) : "memory");
+  if (lane == 0) scratch[warp] = v;
+  asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(group_threads) : "memory");
+  const float s = lane < wpg ? scratch[g * wpg + lane] : 0.0f;
+  return warp_sum(s);
+}
+
+// y [N, D] bf16 (or null), rstd [N] f32 (or null), ep's q [N, D] / qt [D, N] FP8, scale_inv and
+// amax from x [N, D] bf16, w [D] bf16. D % 8 == 0, rows 16-byte aligned. Dynamic shared memory
+// (kCol): kQRows · (D + 4) bytes of codes. vec_t: N % 16 == 0 and qt 16-byte aligned.
+template <int VPT, bool kCol>
+__global__ void __launch_bounds__(512)
+    rmsnorm_fwd_fp8_kernel(uint16_t* __restrict__ y, float* __restrict__ rstd,
+                           const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
+                           int64_t n_rows, int d, float eps, int group_threads, int groups,
+                           bool vec_t, ops_detail::Fp8Epilogue ep) {
+  extern __shared__ __align__(16) uint8_t tile[];  // [kQRows][d + 4] codes (kCol only)
+  __shared__ float scratch[16];                    // one partial sum per warp (≤ 512 threads)
+  const int pitch = d + 4;                         // ≡ 4 (mod 8): see store_transposed
+  const int g = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
+  const int wpg = group_threads / kWarp;
+  const int64_t n0 = int64_t(blockIdx.x) * kQRows;
+  const float scale = *ep.scale;
+  Raw<8> wv[VPT];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int c = (t + k * group_threads) * 8;
+    if (c < d) {
+      wv[k].load(w + c);
+    } else {
+      wv[k].zero();
+    }
+  }
+  // Row r of the tile (zeros past the tile, the tensor or the row: they add nothing to Σ x²).
+  auto load_x = [&](int r, Raw<8>* xr) {
+    const int64_t row = n0 + r;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int c = (t + k * group_threads) * 8;
+      if (r < kQRows && row < n_rows && c < d) {
+        xr[k].load(x + row * d + c);
+      } else {
+        xr[k].zero();
+      }
+    }
+  };
+  Raw<8> xv[VPT];
+  load_x(g, xv);
+  float local_amax = 0.0f;
+  // Every group runs kQRows / groups iterations (groups divides kQRows), so the group barriers
+  // in group_sum are reached by all of its threads.
+  for (int r = g; r < kQRows; r += groups) {
+    Raw<8> xn[VPT];
+    load_x(r + groups, xn);
+    const float ss = group_sum(sumsq_chunks<8, VPT>(xv), scratch, g, wpg, group_threads);
+    const int64_t row = n0 + r;
+    if (row < n_rows) {
+      const float rs = rstd_of(ss, d, eps);
+      if (rstd != nullptr && t == 0) rstd[row] = rs;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int c = (t + k * group_threads) * 8;
+        if (c >= d) continue;
+        // y rounded to bf16 as rmsnorm_fwd stores it (yb), and the fp32 image of that bf16
+        // value (yv), which is what quantize() reads.
+        uint32_t yb[4];
+        float yv[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float lo = __fmul_rn(__fmul_rn(xv[k].get(2 * i), rs), wv[k].get(2 * i));
+          const float hi = __fmul_rn(__fmul_rn(xv[k].get(2 * i + 1), rs), wv[k].get(2 * i + 1));
+          yb[i] = pack_bf16x2(lo, hi);
+          yv[2 * i] = __uint_as_float(yb[i] << 16);
+          yv[2 * i + 1] = __uint_as_float(yb[i] & 0xFFFF0000u);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) local_amax = amax_combine(local_amax, yv[i]);
+        if (y != nullptr) {
+          *reinterpret_cast<uint4*>(y + row * d + c) = make_uint4(yb[0], yb[1], yb[2], yb[3]);
+        }
+        const uint2 codes = fp8_codes8(yv, scale, ep.e5m2);
+        if (ep.q != nullptr) *reinterpret_cast<uint2*>(ep.q + row * d + c) = codes;
+        if constexpr (kCol) stage_codes8(tile, r * pitch + c, codes);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) xv[k] = xn[k];
+  }
+  if constexpr (kCol) {
+    __syncthreads();  // the whole tile is staged
+    store_transposed<kQRows>(ep.qt, tile, pitch, n0, n_rows, 0, d, vec_t);
+  }
+  fp8_epilogue_finish(local_amax, scale, ep);
 }
 
 // dx [N, D] bf16 and partial [gridDim.x, D] f32 (this block's Σ (x·rstd)·dout per column) from
@@ -315,6 +443,56 @@ void rmsnorm_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& rst
     launch_fwd<1>(p, grid, ctx.stream(), o, rstd.ptr<float>(), xp, wp, int(d), eps);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorView& rstd,
+                               const TensorView& x, const TensorView& w, float eps,
+                               const QuantConfig& cfg, QuantizedTensor& out) {
+  const int64_t n = x.size(0), d = x.size(1);
+  uint16_t* yp = absent(y) ? nullptr : y.ptr<uint16_t>();
+  float* rp = absent(rstd) ? nullptr : rstd.ptr<float>();
+  const uint16_t* xp = x.ptr<const uint16_t>();
+  const uint16_t* wp = w.ptr<const uint16_t>();
+  // Preconditions of the fused kernel (else the caller runs the composition): the 16-byte
+  // vector path of rmsnorm_fwd (whose row sums it reproduces), at most 4 chunks per thread
+  // (D ≤ 16384; registers), and the columnwise tile within the shared memory of a block.
+  if (n == 0 || d % 8 != 0 || d > 16384 || !aligned16(xp) || !aligned16(wp)) return false;
+  if (yp != nullptr && !aligned16(yp)) return false;
+  const RowPlan p = plan_row(d, true, "rmsnorm_fwd_quantize");
+  const bool col = cfg.columnwise;
+  const size_t smem = col ? size_t(kQRows) * size_t(d + 4) : 0;
+  int max_smem = 0;
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                           ctx.device().index));
+  if (smem + 1024 > size_t(max_smem)) return false;  // 1 KiB: the static shared arrays
+
+  const Fp8Epilogue ep = fp8_epilogue_outputs(cfg, n, d, ctx.device(), out);
+  // Groups of p.threads threads, a power of two of them (so that they divide kQRows) in at most
+  // 512 threads: D 768 → 4 × 96, D 2048 → 2 × 256.
+  int groups = 1;
+  while (groups < 8 && groups * 2 * p.threads <= 512) groups *= 2;
+  const int threads = groups * p.threads;
+  const bool vec_t = n % 16 == 0 && aligned16(ep.qt);
+  const dim3 grid(static_cast<unsigned>(ceil_div(n, kQRows)));
+  cudaStream_t s = ctx.stream();
+  auto launch = [&](auto kernel) {
+    if (smem > 48 * 1024) {
+      LOWBIT_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    }
+    kernel<<<grid, threads, smem, s>>>(yp, rp, xp, wp, n, int(d), eps, p.threads, groups, vec_t,
+                                       ep);
+  };
+  switch (p.vpt * 2 + (col ? 1 : 0)) {
+    case 2: launch(rmsnorm_fwd_fp8_kernel<1, false>); break;
+    case 3: launch(rmsnorm_fwd_fp8_kernel<1, true>); break;
+    case 4: launch(rmsnorm_fwd_fp8_kernel<2, false>); break;
+    case 5: launch(rmsnorm_fwd_fp8_kernel<2, true>); break;
+    case 8: launch(rmsnorm_fwd_fp8_kernel<4, false>); break;
+    default: launch(rmsnorm_fwd_fp8_kernel<4, true>); break;
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,

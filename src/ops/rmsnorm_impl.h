@@ -3,6 +3,7 @@
 #pragma once
 
 #include "lowbit/core.h"
+#include "lowbit/quant.h"
 
 namespace lowbit::ops_detail {
 
@@ -16,9 +17,23 @@ void rmsnorm_fwd_cpu(const TensorView& out, const TensorView& rstd, const Tensor
 void rmsnorm_bwd_cpu(const TensorView& dx, const TensorView& dw, const TensorView& dout,
                      const TensorView& x, const TensorView& w, const TensorView& rstd);
 
+// rmsnorm_fwd_quantize by definition, on any device: rmsnorm_fwd into y (a scratch when y is
+// absent), then quantize(y). The CPU path, and the GPU path wherever the fused kernel does not
+// apply (rmsnorm_ref.cpp).
+void rmsnorm_fwd_quantize_composed(Context& ctx, const TensorView& y, const TensorView& rstd,
+                                   const TensorView& x, const TensorView& w, float eps,
+                                   const QuantConfig& cfg, QuantizedTensor& out);
+
 // CUDA (rmsnorm.cu), bf16 tensors, on ctx.stream(); the same formulas with fp32 sums.
 void rmsnorm_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& rstd,
                       const TensorView& x, const TensorView& w, float eps);
+// Fused forward + per-tensor FP8 with delayed scaling (cfg passed fp8_delayed_fusable; y and
+// rstd may be absent): the bytes of the composition. Returns false, having done nothing, when the
+// kernel's preconditions (D % 8 == 0, aligned rows, D ≤ 16384, the columnwise tile in shared
+// memory) do not hold.
+bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorView& rstd,
+                               const TensorView& x, const TensorView& w, float eps,
+                               const QuantConfig& cfg, QuantizedTensor& out);
 void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
                       const TensorView& dout, const TensorView& x, const TensorView& w,
                       const TensorView& rstd);

@@ -2,7 +2,9 @@
 #include <cmath>
 #include <vector>
 
+#include "lowbit/ops.h"
 #include "ops/ops_check.h"
+#include "ops/quant_epilogue.h"
 #include "ops/rmsnorm_impl.h"
 
 namespace lowbit::ops_detail {
@@ -49,6 +51,24 @@ void rmsnorm_bwd_cpu(const TensorView& dx, const TensorView& dw, const TensorVie
   }
   float* dwp = dw.ptr<float>();  // [D]
   for (int64_t i = 0; i < d; ++i) dwp[i] = static_cast<float>(double(dwp[i]) + dw_acc[i]);
+}
+
+void rmsnorm_fwd_quantize_composed(Context& ctx, const TensorView& y, const TensorView& rstd,
+                                   const TensorView& x, const TensorView& w, float eps,
+                                   const QuantConfig& cfg, QuantizedTensor& out) {
+  const int64_t n = x.size(0), d = x.size(1);
+  Tensor y_scratch, rstd_scratch;
+  TensorView yv = y, rv = rstd;
+  if (absent(y)) {
+    y_scratch = Tensor::empty({n, d}, DType::kBF16, x.device, MemCategory::kWorkspace);  // [N, D]
+    yv = y_scratch.view();
+  }
+  if (absent(rstd)) {
+    rstd_scratch = Tensor::empty({n}, DType::kF32, x.device, MemCategory::kWorkspace);  // [N]
+    rv = rstd_scratch.view();
+  }
+  rmsnorm_fwd(ctx, yv, rv, x, w, eps);
+  quantize(ctx, yv, cfg, out);
 }
 
 }  // namespace lowbit::ops_detail

@@ -1,6 +1,7 @@
 // swiglu_fwd / swiglu_bwd: argument checks and dispatch by device.
 #include "lowbit/ops.h"
 #include "ops/ops_check.h"
+#include "ops/quant_epilogue.h"
 #include "ops/swiglu_impl.h"
 
 namespace lowbit {
@@ -35,6 +36,30 @@ void swiglu_fwd(Context& ctx, const TensorView& out, const TensorView& gate_up) 
   } else {
     swiglu_fwd_cpu(out, gate_up);
   }
+}
+
+void swiglu_fwd_quantize(Context& ctx, const TensorView& h, const TensorView& gate_up,
+                         const QuantConfig& cfg, QuantizedTensor& out) {
+  const char* op = "swiglu_fwd_quantize";
+  check_devices(op, ctx, {{"gate_up", &gate_up}});
+  check_rank(op, "gate_up", "[N, 2F]", gate_up, 2);
+  // bf16 only (no f32 on the CPU): what is quantized is h rounded to bf16.
+  check_dtype(op, "gate_up", gate_up, DType::kBF16);
+  check_contiguous(op, "gate_up", gate_up);
+  LOWBIT_USER_CHECK(gate_up.size(1) % 2 == 0,
+                    "{}: gate_up [N, 2F] must have an even number of columns, got {}", op,
+                    gate_up.str());
+  if (!absent(h)) {
+    check_devices(op, ctx, {{"h", &h}});
+    check_rows(op, "h", h, gate_up);
+    check_dtype(op, "h", h, DType::kBF16);
+  }
+  if (ctx.on_gpu() && fp8_delayed_fusable(cfg, ctx.device()) &&
+      swiglu_fwd_quantize_cuda(ctx, h, gate_up, cfg, out)) {
+    return;
+  }
+  // Everything else (and the CPU): the definition, step by step. quantize() validates cfg.
+  swiglu_fwd_quantize_composed(ctx, h, gate_up, cfg, out);
 }
 
 void swiglu_bwd(Context& ctx, const TensorView& dgate_up, const TensorView& dout,

@@ -3,6 +3,7 @@
 // math is swiglu_impl.h, shared with the CPU twin.
 #include "lowbit/core/cuda_check.h"
 #include "ops/ops_cuda.cuh"
+#include "ops/quant_epilogue.cuh"
 #include "ops/swiglu_impl.h"
 
 namespace lowbit::ops_detail {
@@ -67,6 +68,81 @@ __global__ void swiglu_bwd_kernel(uint16_t* __restrict__ dgate_up,
   }
 }
 
+// ---- forward fused with per-tensor FP8 quantization (delayed scaling) --------------------------
+//
+// One block per tile of kTM rows × kTK columns of h, as the per-tensor cast of
+// src/quant/fp8_kernels.cu: each thread computes kChunks chunks of 8 columns (all loads of gate
+// and up issued first), rounds h to bf16 exactly as swiglu_fwd_kernel stores it, quantizes that
+// bf16 value, writes the rowwise codes (and h when asked) and stages the codes in shared memory;
+// the tile is then written transposed (store_transposed). blockIdx.x walks the rows, so
+// consecutive blocks write adjacent sectors of the same transposed rows.
+constexpr int kTM = 64, kTK = 128;
+
+// h [N, F] bf16 (or null) and ep's q [N, F] / qt [F, N] FP8, scale_inv and amax from
+// gate_up [N, 2F] bf16. F % 8 == 0 and rows 16-byte aligned. vec_t: N % 16 == 0 and qt 16-byte
+// aligned.
+template <bool kCol>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_fwd_fp8_kernel(uint16_t* __restrict__ h, const uint16_t* __restrict__ gate_up,
+                          int64_t n_rows, int64_t f, bool vec_t, ops_detail::Fp8Epilogue ep) {
+  constexpr int kPitch = kTK + 4;                       // ≡ 4 (mod 8): see store_transposed
+  __shared__ __align__(16) uint8_t tile[kTM * kPitch];  // [kTM][kTK + 4] codes (kCol only)
+  constexpr int kChunks = kTM * kTK / 8 / kThreads;
+  const int64_t m0 = int64_t(blockIdx.x) * kTM, k0 = int64_t(blockIdx.y) * kTK;
+  const float scale = *ep.scale;
+  uint4 graw[kChunks], uraw[kChunks];  // 8 bf16 of gate and of up per chunk
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = threadIdx.x + j * kThreads;
+    const int r = c / (kTK / 8), cc = (c % (kTK / 8)) * 8;
+    const int64_t m = m0 + r, k = k0 + cc;
+    if (m < n_rows && k < f) {  // F % 8 == 0: a chunk is entirely inside or outside the row
+      const uint16_t* gp = gate_up + m * 2 * f + k;
+      graw[j] = __ldg(reinterpret_cast<const uint4*>(gp));
+      uraw[j] = __ldg(reinterpret_cast<const uint4*>(gp + f));
+    } else {
+      graw[j] = make_uint4(0, 0, 0, 0);
+      uraw[j] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  float local_amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = threadIdx.x + j * kThreads;
+    const int r = c / (kTK / 8), cc = (c % (kTK / 8)) * 8;
+    const int64_t m = m0 + r, k = k0 + cc;
+    if (m >= n_rows || k >= f) continue;
+    const uint32_t gw[4] = {graw[j].x, graw[j].y, graw[j].z, graw[j].w};
+    const uint32_t uw[4] = {uraw[j].x, uraw[j].y, uraw[j].z, uraw[j].w};
+    // h rounded to bf16 as swiglu_fwd stores it (hb) and the fp32 image of that value (hv).
+    uint32_t hb[4];
+    float hv[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float lo = swiglu_out(__uint_as_float(gw[i] << 16), __uint_as_float(uw[i] << 16));
+      const float hi =
+          swiglu_out(__uint_as_float(gw[i] & 0xFFFF0000u), __uint_as_float(uw[i] & 0xFFFF0000u));
+      hb[i] = pack_bf16x2(lo, hi);
+      hv[2 * i] = __uint_as_float(hb[i] << 16);
+      hv[2 * i + 1] = __uint_as_float(hb[i] & 0xFFFF0000u);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) local_amax = amax_combine(local_amax, hv[i]);
+    if (h != nullptr) {
+      *reinterpret_cast<uint4*>(h + m * f + k) = make_uint4(hb[0], hb[1], hb[2], hb[3]);
+    }
+    const uint2 codes = fp8_codes8(hv, scale, ep.e5m2);
+    if (ep.q != nullptr) *reinterpret_cast<uint2*>(ep.q + m * f + k) = codes;
+    if constexpr (kCol) stage_codes8(tile, r * kPitch + cc, codes);
+  }
+  if constexpr (kCol) {
+    __syncthreads();  // the whole tile is staged
+    const int cols = int(f - k0 < kTK ? f - k0 : kTK);
+    store_transposed<kTM>(ep.qt, tile, kPitch, m0, n_rows, k0, cols, vec_t);
+  }
+  fp8_epilogue_finish(local_amax, scale, ep);
+}
+
 int grid_for(int64_t items) {
   return int(std::min<int64_t>(ceil_div(items, kThreads), int64_t(1) << 20));
 }
@@ -85,6 +161,27 @@ void swiglu_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& gate
     swiglu_fwd_kernel<1><<<grid_for(n * f), kThreads, 0, ctx.stream()>>>(o, gu, f, n * f);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+bool swiglu_fwd_quantize_cuda(Context& ctx, const TensorView& h, const TensorView& gate_up,
+                              const QuantConfig& cfg, QuantizedTensor& out) {
+  const int64_t n = gate_up.size(0), f = gate_up.size(1) / 2;
+  uint16_t* hp = absent(h) ? nullptr : h.ptr<uint16_t>();
+  const uint16_t* gu = gate_up.ptr<const uint16_t>();
+  // Preconditions of the fused kernel (else the caller runs the composition): whole 8-column
+  // chunks with 16-byte aligned rows, and a grid that fits (F ≤ 65535 · 128).
+  if (n == 0 || f % 8 != 0 || !aligned16(gu) || (hp != nullptr && !aligned16(hp))) return false;
+  if (ceil_div(f, kTK) > 65535 || ceil_div(n, kTM) >= (int64_t(1) << 31)) return false;
+  const Fp8Epilogue ep = fp8_epilogue_outputs(cfg, n, f, ctx.device(), out);
+  const bool vec_t = n % 16 == 0 && aligned16(ep.qt);
+  const dim3 grid(static_cast<unsigned>(ceil_div(n, kTM)), static_cast<unsigned>(ceil_div(f, kTK)));
+  if (cfg.columnwise) {
+    swiglu_fwd_fp8_kernel<true><<<grid, kThreads, 0, ctx.stream()>>>(hp, gu, n, f, vec_t, ep);
+  } else {
+    swiglu_fwd_fp8_kernel<false><<<grid, kThreads, 0, ctx.stream()>>>(hp, gu, n, f, vec_t, ep);
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 void swiglu_bwd_cuda(Context& ctx, const TensorView& dgate_up, const TensorView& dout,

@@ -7,6 +7,7 @@
 
 #include "lowbit/core.h"
 #include "lowbit/core/hd.h"
+#include "lowbit/quant.h"
 
 namespace lowbit::ops_detail {
 
@@ -56,8 +57,17 @@ LOWBIT_HD SwigluGrad swiglu_grad(float g, float u, float dout) {
 // CPU twin (swiglu_ref.cpp): gate_up [N, 2F], out/dout [N, F], dgate_up [N, 2F], bf16|f32.
 void swiglu_fwd_cpu(const TensorView& out, const TensorView& gate_up);
 void swiglu_bwd_cpu(const TensorView& dgate_up, const TensorView& dout, const TensorView& gate_up);
+// swiglu_fwd_quantize by definition, on any device: swiglu_fwd into h (a scratch when h is
+// absent), then quantize(h) (swiglu_ref.cpp).
+void swiglu_fwd_quantize_composed(Context& ctx, const TensorView& h, const TensorView& gate_up,
+                                  const QuantConfig& cfg, QuantizedTensor& out);
 // CUDA (swiglu.cu), bf16, on ctx.stream().
 void swiglu_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& gate_up);
+// Fused forward + per-tensor FP8 with delayed scaling (cfg passed fp8_delayed_fusable; h may be
+// absent): the bytes of the composition on the GPU. Returns false, having done nothing, when
+// F % 8 != 0 or the rows are not 16-byte aligned.
+bool swiglu_fwd_quantize_cuda(Context& ctx, const TensorView& h, const TensorView& gate_up,
+                              const QuantConfig& cfg, QuantizedTensor& out);
 void swiglu_bwd_cuda(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
                      const TensorView& gate_up);
 

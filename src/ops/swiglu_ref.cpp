@@ -1,7 +1,9 @@
 // CPU twin of SwiGLU: the definition of the op (formulas in swiglu_impl.h).
 #include <vector>
 
+#include "lowbit/ops.h"
 #include "ops/ops_check.h"
+#include "ops/quant_epilogue.h"
 #include "ops/swiglu_impl.h"
 
 namespace lowbit::ops_detail {
@@ -29,6 +31,19 @@ void swiglu_bwd_cpu(const TensorView& dgate_up, const TensorView& dout, const Te
     }
     store_row(dgate_up, n * 2 * f, 2 * f, dgu.data());
   }
+}
+
+void swiglu_fwd_quantize_composed(Context& ctx, const TensorView& h, const TensorView& gate_up,
+                                  const QuantConfig& cfg, QuantizedTensor& out) {
+  Tensor h_scratch;
+  TensorView hv = h;
+  if (absent(h)) {
+    h_scratch = Tensor::empty({gate_up.size(0), gate_up.size(1) / 2}, DType::kBF16, gate_up.device,
+                              MemCategory::kWorkspace);  // [N, F]
+    hv = h_scratch.view();
+  }
+  swiglu_fwd(ctx, hv, gate_up);
+  quantize(ctx, hv, cfg, out);
 }
 
 }  // namespace lowbit::ops_detail

@@ -1,0 +1,95 @@
+// Device side of the fused FP8 epilogues (rmsnorm_fwd_quantize, swiglu_fwd_quantize): the
+// per-tensor cast, the transposed store of a tile of codes staged in shared memory, and the amax
+// fold. The conversions are those of the quantize kernels (src/quant/fp8_kernels.cu,
+// quant/cuda_common.cuh), so the bytes are the ones quantize() writes for the same source.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/quant_epilogue.h"
+#include "quant/cuda_common.cuh"
+
+namespace lowbit::ops_cuda {
+
+// Eight values (fp32 images of bf16 values) → eight FP8 codes cvt_sat(v · scale), element i in
+// byte i (little-endian): quantize_element(t, v, scale) without stochastic rounding.
+__device__ __forceinline__ uint2 fp8_codes8(const float v[8], float scale, bool e5m2) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = quant_cuda::cvt_fp8x2(mul_rn(v[2 * i], scale), mul_rn(v[2 * i + 1], scale), e5m2);
+  }
+  return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+}
+
+// Writes 8 codes at tile + off, an address that is 4-byte (not necessarily 8-byte) aligned.
+__device__ __forceinline__ void stage_codes8(uint8_t* tile, int off, uint2 codes) {
+  reinterpret_cast<uint32_t*>(tile + off)[0] = codes.x;
+  reinterpret_cast<uint32_t*>(tile + off)[1] = codes.y;
+}
+
+// Columnwise store of a tile of codes: tile [ROWS][pitch] bytes (ROWS a multiple of 32) holds
+// the codes of source rows m0 .. m0 + ROWS and columns k0 .. k0 + cols; writes
+// qt [K, M][k][m] = tile[m − m0][k − k0] for m < M. Task c → column kk, 16-row segment seg:
+// lanes 2j and 2j+1 take the two halves of one 32-byte sector of output row k, so a warp's
+// store instruction writes 16 whole sectors. vec: M % 16 == 0 and qt 16-byte aligned (then
+// k·M + m is a multiple of 16). pitch ≡ 4 (mod 8) keeps the two halves' smem reads
+// (16 rows apart) on different banks. Every thread of the block must call it (after a barrier
+// that makes the tile visible).
+template <int ROWS>
+__device__ __forceinline__ void store_transposed(uint8_t* __restrict__ qt,
+                                                 const uint8_t* __restrict__ tile, int pitch,
+                                                 int64_t m0, int64_t M, int64_t k0, int cols,
+                                                 bool vec) {
+  static_assert(ROWS % 32 == 0, "tiles hold whole 32-byte sectors of the transposed rows");
+  for (int c = threadIdx.x; c < cols * (ROWS / 16); c += blockDim.x) {
+    const int pair = c >> 1;
+    const int kk = pair % cols, seg = (pair / cols) * 32 + (c & 1) * 16;
+    const int64_t k = k0 + kk, m = m0 + seg;
+    if (m >= M) continue;
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t* t = tile + (seg + 4 * i) * pitch + kk;
+      w[i] = uint32_t(t[0]) | (uint32_t(t[pitch]) << 8) | (uint32_t(t[2 * pitch]) << 16) |
+             (uint32_t(t[3 * pitch]) << 24);
+    }
+    if (vec && m + 16 <= M) {
+      *reinterpret_cast<uint4*>(qt + k * M + m) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      // The last, partial segment of the tensor: rows m .. M − 1 only (the tile rows beyond M
+      // were never written).
+      for (int i = 0; i < 16 && m + i < M; ++i)
+        qt[k * M + m + i] = (w[i / 4] >> (8 * (i % 4))) & 0xFF;
+    }
+  }
+}
+
+// The block's amax folded into ep.amax and into the state's history entry (max is associative,
+// so per-block atomics give max(history, amax of the tensor) exactly as quantize() records it),
+// and scale_inv written once by block 0. Every thread of the block must call it.
+__device__ __forceinline__ void fp8_epilogue_finish(float local_amax, float scale,
+                                                    const ops_detail::Fp8Epilogue& ep) {
+  __shared__ float warp_amax[32];
+  local_amax = quant_cuda::warp_max(local_amax);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // the tile / scratch of the caller may still be in use
+  if (lane == 0) warp_amax[warp] = local_amax;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float a = 0.0f;
+    for (int i = 0; i < int((blockDim.x + 31) / 32); ++i) a = fmax_num(a, warp_amax[i]);
+    // Amaxes are non-negative and never NaN (amax_combine skips NaN): bit order = value order.
+    quant_cuda::atomic_max_nonneg(ep.amax, a);
+    quant_cuda::atomic_max_nonneg(ep.history_amax, a);
+    if (blockIdx.x == 0 && blockIdx.y == 0) {
+      const float si = scale_inv_from_scale(scale);
+      if (ep.q_scale_inv != nullptr) *ep.q_scale_inv = si;
+      if (ep.qt_scale_inv != nullptr) *ep.qt_scale_inv = si;
+    }
+  }
+}
+
+}  // namespace lowbit::ops_cuda

@@ -1,0 +1,332 @@
+// rmsnorm_fwd_quantize and swiglu_fwd_quantize on the GPU. The contract is checked byte for byte
+// twice: the fused kernel against the GPU composition (rmsnorm_fwd / swiglu_fwd, then quantize) —
+// payloads, scale_inv, amax, the bf16 output and rstd, the delayed-scaling history — and its
+// quantized bytes against the CPU twin of quantize() applied to the GPU's bf16 output. (The GPU
+// and CPU twins of RMSNorm and SwiGLU themselves agree to a tolerance, not bit for bit: row sums in
+// another order, expf; tests/gpu/test_ops_rmsnorm.cpp and test_ops_swiglu.cpp cover that.)
+// Shapes reach partial tiles, the fallbacks (D % 8 != 0, very wide rows) and the model's sizes;
+// fills reach zeros, large magnitudes (saturation) and ±inf/NaN. Bandwidth of fused vs unfused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "lowbit/ops.h"
+#include "lowbit/quant.h"
+#include "ops/op_harness.h"
+#include "ops/quant_compare.h"
+
+namespace lowbit::test {
+namespace {
+
+constexpr float kEps = 1e-5f;
+const Device kGpu = Device::cuda(0);
+
+enum class Src { kGaussian, kZeros, kLarge, kSpecials };
+const char* src_name(Src s) {
+  switch (s) {
+    case Src::kGaussian: return "gaussian";
+    case Src::kZeros: return "zeros";
+    case Src::kLarge: return "large";
+    case Src::kSpecials: return "specials";
+  }
+  return "?";
+}
+
+// [n, k] bf16 on the CPU (filled by several threads: large tensors).
+Tensor source(int64_t n, int64_t k, Src kind, double stddev, uint64_t seed) {
+  Tensor t = Tensor::empty({n, k}, DType::kBF16, Device::cpu());
+  uint16_t* p = t.ptr<uint16_t>();
+  const int64_t total = n * k;
+  auto fill = [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      double v = stddev * detail::philox_gauss(seed, 0, i);
+      if (kind == Src::kZeros) v = 0.0;
+      if (kind == Src::kLarge) v *= 1e30;  // x² overflows fp32; products saturate FP8
+      if (kind == Src::kSpecials) {
+        if (i % 97 == 5) v = INFINITY;
+        if (i % 101 == 7) v = -INFINITY;
+        if (i % 89 == 3) v = NAN;
+      }
+      p[i] = f32_to_bf16_rn(float(v));
+    }
+  };
+  std::vector<std::thread> th;
+  const int64_t parts = total > (1 << 20) ? 8 : 1;
+  for (int64_t j = 0; j < parts; ++j)
+    th.emplace_back(fill, total * j / parts, total * (j + 1) / parts);
+  for (auto& t2 : th) t2.join();
+  return t;
+}
+
+// A device view with kGuard elements of a byte pattern before and after it (and poison inside),
+// to catch writes out of bounds; 16-byte alignment kept.
+struct Guarded {
+  static constexpr int64_t kGuard = 128;
+  Tensor buf;
+  TensorView view;
+  int64_t guard_bytes = 0, view_bytes = 0;
+  Guarded(Shape s, DType t) {
+    const int64_t es = dtype_storage_bytes(t, 1);
+    guard_bytes = kGuard * es;
+    view_bytes = s.numel() * es;
+    Tensor host = Tensor::empty({2 * guard_bytes + view_bytes}, DType::kU8, Device::cpu());
+    std::memset(host.data(), 0xA5, size_t(host.nbytes()));
+    buf = Tensor::copy_of(host.view(), kGpu);
+    view = TensorView(buf.ptr<uint8_t>() + guard_bytes, t, s, kGpu);
+  }
+  ::testing::AssertionResult intact() const {
+    const Tensor host = Tensor::copy_of(buf.view(), Device::cpu());
+    const uint8_t* p = host.ptr<const uint8_t>();
+    for (int64_t i = 0; i < guard_bytes; ++i) {
+      if (p[i] != 0xA5 || p[guard_bytes + view_bytes + i] != 0xA5) {
+        return ::testing::AssertionFailure() << "guard byte " << i << " overwritten";
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+
+struct Copies {
+  bool row, col;
+  const char* name;
+};
+const Copies kCopies[] = {{true, false, "row"}, {false, true, "col"}, {true, true, "row+col"}};
+
+struct States {
+  DelayedScalingState fused, unfused, cpu;
+  explicit States(ScalingPass pass, float amax)
+      : fused(config(), pass, 2, kGpu),
+        unfused(config(), pass, 2, kGpu),
+        cpu(config(), pass, 2, Device::cpu()) {
+    for (DelayedScalingState* s : {&fused, &unfused, &cpu}) prime_state(*s, 1, amax);
+  }
+  static DelayedScalingConfig config() {
+    DelayedScalingConfig c;
+    c.history_len = 4;
+    return c;
+  }
+};
+
+QuantConfig make_cfg(bool delayed, DelayedScalingState& st, Copies cp) {
+  QuantConfig c = delayed ? QuantConfig::fp8_delayed(st, 1) : QuantConfig::fp8_current(st.dtype());
+  c.rowwise = cp.row;
+  c.columnwise = cp.col;
+  return c;
+}
+
+// The checks shared by both ops once the fused and unfused GPU results exist: fused == unfused
+// (bytes), and fused == the CPU quantize() of the GPU's bf16 output.
+void check_quantized(const QuantizedTensor& q_fused, const QuantizedTensor& q_unfused,
+                     const Tensor& y_unfused, bool delayed, Copies cp, States& st) {
+  EXPECT_TRUE(same_quantized(q_unfused, q_fused)) << "fused vs GPU composition";
+  if (delayed) {
+    EXPECT_TRUE(same_bytes("history", st.unfused.amax_history(), st.fused.amax_history()));
+  }
+  Context cpu_ctx(Device::cpu());
+  const Tensor y_host = Tensor::copy_of(y_unfused.view(), Device::cpu());
+  QuantizedTensor q_cpu;
+  quantize(cpu_ctx, y_host, make_cfg(delayed, st.cpu, cp), q_cpu);
+  EXPECT_TRUE(same_quantized(q_cpu, q_fused)) << "fused vs CPU quantize of the GPU's output";
+  if (delayed) EXPECT_TRUE(same_bytes("history", st.cpu.amax_history(), st.fused.amax_history()));
+}
+
+void check_rmsnorm(int64_t n, int64_t d, Src src, Copies cp, bool delayed, bool with_y,
+                   ScalingPass pass = ScalingPass::kForward) {
+  SCOPED_TRACE(fmt::format("rmsnorm_fwd_quantize {}x{} {} {} {} {}{}", n, d, src_name(src), cp.name,
+                           delayed ? "delayed" : "current", with_y ? "y+rstd" : "no y",
+                           pass == ScalingPass::kBackward ? " e5m2" : ""));
+  Context ctx(kGpu);
+  const Tensor x = Tensor::copy_of(source(n, d, src, 2.0, 1), kGpu);
+  const Tensor w = Tensor::copy_of(source(1, d, Src::kGaussian, 0.5, 2).view().reshape({d}), kGpu);
+  States st(pass, 0.75f);  // scale fmax / 0.75: |y| above 0.75 saturates
+  Guarded y(Shape{n, d}, DType::kBF16), rstd(Shape{n}, DType::kF32);
+  QuantizedTensor q_f, q_u;
+  rmsnorm_fwd_quantize(ctx, with_y ? y.view : TensorView(), with_y ? rstd.view : TensorView(), x, w,
+                       kEps, make_cfg(delayed, st.fused, cp), q_f);
+  Tensor y_u = Tensor::empty({n, d}, DType::kBF16, kGpu),
+         r_u = Tensor::empty({n}, DType::kF32, kGpu);
+  rmsnorm_fwd(ctx, y_u, r_u, x, w, kEps);
+  quantize(ctx, y_u, make_cfg(delayed, st.unfused, cp), q_u);
+  ctx.synchronize();
+  if (with_y) {
+    EXPECT_TRUE(same_bytes("y", y_u, y.view));
+    EXPECT_TRUE(same_bytes("rstd", r_u, rstd.view));
+  }
+  EXPECT_TRUE(y.intact());
+  EXPECT_TRUE(rstd.intact());
+  check_quantized(q_f, q_u, y_u, delayed, cp, st);
+}
+
+void check_swiglu(int64_t n, int64_t f, Src src, Copies cp, bool delayed, bool with_h) {
+  SCOPED_TRACE(fmt::format("swiglu_fwd_quantize {}x{} {} {} {} {}", n, f, src_name(src), cp.name,
+                           delayed ? "delayed" : "current", with_h ? "h" : "no h"));
+  Context ctx(kGpu);
+  const Tensor gu = Tensor::copy_of(source(n, 2 * f, src, 3.0, 3), kGpu);  // [N, 2F]
+  States st(ScalingPass::kForward, 0.75f);
+  Guarded h(Shape{n, f}, DType::kBF16);
+  QuantizedTensor q_f, q_u;
+  swiglu_fwd_quantize(ctx, with_h ? h.view : TensorView(), gu, make_cfg(delayed, st.fused, cp),
+                      q_f);
+  Tensor h_u = Tensor::empty({n, f}, DType::kBF16, kGpu);
+  swiglu_fwd(ctx, h_u, gu);
+  quantize(ctx, h_u, make_cfg(delayed, st.unfused, cp), q_u);
+  ctx.synchronize();
+  if (with_h) EXPECT_TRUE(same_bytes("h", h_u, h.view));
+  EXPECT_TRUE(h.intact());
+  check_quantized(q_f, q_u, h_u, delayed, cp, st);
+}
+
+struct Shape2 {
+  int64_t n, d;
+};
+// Small and odd: partial row tiles (N % 32, % 64, % 16 != 0), D % 8 != 0 (fallback), D > 16384
+// (fallback), D = 8192 (columnwise tile too large for shared memory: fallback; rowwise fused).
+const Shape2 kSmall[] = {{1, 16},  {65, 80},   {33, 24},   {100, 8},   {5, 1000},
+                         {7, 513}, {3, 20000}, {48, 8192}, {130, 1000}};
+// The 124m and 1b shapes.
+const Shape2 kLarge[] = {{16384, 768}, {4096, 2048}};
+
+TEST(GpuFusedQuantize, RmsNormSmallShapes) {
+  ASSERT_GT(cuda_device_count(), 0) << "the GPU tests need a CUDA GPU (run them on a GPU host)";
+  for (const Shape2& s : kSmall) {
+    for (Src src : {Src::kGaussian, Src::kZeros, Src::kLarge, Src::kSpecials}) {
+      for (const Copies& cp : kCopies) {
+        for (bool delayed : {true, false}) check_rmsnorm(s.n, s.d, src, cp, delayed, true);
+      }
+    }
+    check_rmsnorm(s.n, s.d, Src::kGaussian, kCopies[2], true, false);
+    check_rmsnorm(s.n, s.d, Src::kSpecials, kCopies[2], true, true, ScalingPass::kBackward);
+  }
+}
+
+TEST(GpuFusedQuantize, RmsNormModelShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  for (const Shape2& s : kLarge) {
+    for (Src src : {Src::kGaussian, Src::kSpecials}) {
+      for (const Copies& cp : kCopies) {
+        for (bool delayed : {true, false}) check_rmsnorm(s.n, s.d, src, cp, delayed, true);
+      }
+    }
+    check_rmsnorm(s.n, s.d, Src::kGaussian, kCopies[0], true, false);
+  }
+}
+
+TEST(GpuFusedQuantize, SwigluSmallShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  for (const Shape2& s : kSmall) {
+    if (s.d > 8192) continue;
+    for (Src src : {Src::kGaussian, Src::kZeros, Src::kLarge, Src::kSpecials}) {
+      for (const Copies& cp : kCopies) {
+        for (bool delayed : {true, false}) check_swiglu(s.n, s.d, src, cp, delayed, true);
+      }
+    }
+    check_swiglu(s.n, s.d, Src::kGaussian, kCopies[2], true, false);
+  }
+}
+
+TEST(GpuFusedQuantize, SwigluModelShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  for (const Shape2& s : {Shape2{16384, 2048}, Shape2{4096, 8192}}) {
+    for (Src src : {Src::kGaussian, Src::kSpecials}) {
+      for (const Copies& cp : kCopies) check_swiglu(s.n, s.d, src, cp, true, true);
+    }
+    check_swiglu(s.n, s.d, Src::kGaussian, kCopies[2], false, false);
+  }
+}
+
+// Two fused calls on one state: the history keeps the max of both amaxes; results repeat exactly.
+TEST(GpuFusedQuantize, RepeatsAndAccumulatesAmax) {
+  ASSERT_GT(cuda_device_count(), 0);
+  Context ctx(kGpu);
+  const int64_t n = 1000, d = 768;
+  const Tensor x1 = Tensor::copy_of(source(n, d, Src::kGaussian, 1.0, 5), kGpu);
+  const Tensor x2 = Tensor::copy_of(source(n, d, Src::kGaussian, 3.0, 6), kGpu);
+  const Tensor w = Tensor::copy_of(source(1, d, Src::kGaussian, 2.0, 7).view().reshape({d}), kGpu);
+  States st(ScalingPass::kForward, 2.0f);
+  QuantizedTensor a1, a2, b1, b2;
+  rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), x1, w, kEps,
+                       make_cfg(true, st.fused, kCopies[2]), a1);
+  rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), x2, w, kEps,
+                       make_cfg(true, st.fused, kCopies[2]), a2);
+  rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), x1, w, kEps,
+                       make_cfg(true, st.unfused, kCopies[2]), b1);
+  rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), x2, w, kEps,
+                       make_cfg(true, st.unfused, kCopies[2]), b2);
+  ctx.synchronize();
+  EXPECT_TRUE(same_quantized(a1, b1));
+  EXPECT_TRUE(same_quantized(a2, b2));
+  EXPECT_TRUE(same_bytes("history", st.fused.amax_history(), st.unfused.amax_history()));
+  const float h = st.fused.history_at(0, 1);
+  const float m1 = Tensor::copy_of(a1.amax.view(), Device::cpu()).ptr<float>()[0];
+  const float m2 = Tensor::copy_of(a2.amax.view(), Device::cpu()).ptr<float>()[0];
+  EXPECT_EQ(f32_bits(h), f32_bits(std::fmax(m1, m2)));
+}
+
+// Time of the fused op against the composition at the 124m / 1b widths (N = 16384), delayed
+// scaling, without the bf16 output. GB/s over each path's own traffic; "eff" = the fused op's
+// traffic over the path's time (comparable across the two paths).
+TEST(GpuFusedQuantizePerf, Bandwidth) {
+  ASSERT_GT(cuda_device_count(), 0);
+  Context ctx(kGpu);
+  const int64_t n = 16384;
+  DelayedScalingState st(DelayedScalingConfig{}, ScalingPass::kForward, 1, kGpu);
+  for (int64_t d : {768, 2048}) {
+    const double copy = copy_gbps(ctx, n * d * 2);
+    Tensor x = Tensor::copy_of(source(n, d, Src::kGaussian, 1.0, 1), kGpu);
+    Tensor w = Tensor::copy_of(source(1, d, Src::kGaussian, 0.5, 2).view().reshape({d}), kGpu);
+    Tensor y = Tensor::empty({n, d}, DType::kBF16, kGpu), r = Tensor::empty({n}, DType::kF32, kGpu);
+    for (const Copies& cp : {kCopies[0], kCopies[2]}) {
+      QuantConfig cfg = make_cfg(true, st, cp);
+      const double codes = (cp.col ? 2.0 : 1.0) * n * d;
+      const double fused_bytes = 2.0 * n * d + 2.0 * d + codes + 4.0 * n;
+      const double unfused_bytes = fused_bytes + 2 * 2.0 * n * d;  // + y written and read back
+      QuantizedTensor q;
+      const Perf f = time_gpu(
+          ctx, [&] { rmsnorm_fwd_quantize(ctx, TensorView(), r, x, w, kEps, cfg, q); },
+          fused_bytes);
+      const Perf u = time_gpu(
+          ctx,
+          [&] {
+            rmsnorm_fwd(ctx, y, r, x, w, kEps);
+            quantize(ctx, y, cfg, q);
+          },
+          unfused_bytes);
+      std::printf(
+          "rmsnorm+fp8 %-7s N=%ld D=%ld: copy %.0f GB/s | fused %s (%.0f%% of copy) | unfused %s "
+          "(eff %.0f GB/s) | speed-up %.2fx\n",
+          cp.name, long(n), long(d), copy, f.str().c_str(), 100 * f.gb_per_s / copy,
+          u.str().c_str(), fused_bytes / (u.ms * 1e6), u.ms / f.ms);
+    }
+  }
+  for (int64_t f_dim : {2048, 8192}) {
+    const double copy = copy_gbps(ctx, n * f_dim * 2);
+    Tensor gu = Tensor::copy_of(source(n, 2 * f_dim, Src::kGaussian, 1.0, 3), kGpu);
+    Tensor h = Tensor::empty({n, f_dim}, DType::kBF16, kGpu);
+    for (const Copies& cp : {kCopies[0], kCopies[2]}) {
+      QuantConfig cfg = make_cfg(true, st, cp);
+      const double fused_bytes = 4.0 * n * f_dim + (cp.col ? 2.0 : 1.0) * n * f_dim;
+      const double unfused_bytes = fused_bytes + 2 * 2.0 * n * f_dim;
+      QuantizedTensor q;
+      const Perf f = time_gpu(
+          ctx, [&] { swiglu_fwd_quantize(ctx, TensorView(), gu, cfg, q); }, fused_bytes);
+      const Perf u = time_gpu(
+          ctx,
+          [&] {
+            swiglu_fwd(ctx, h, gu);
+            quantize(ctx, h, cfg, q);
+          },
+          unfused_bytes);
+      std::printf(
+          "swiglu+fp8  %-7s N=%ld F=%ld: copy %.0f GB/s | fused %s (%.0f%% of copy) | unfused %s "
+          "(eff %.0f GB/s) | speed-up %.2fx\n",
+          cp.name, long(n), long(f_dim), copy, f.str().c_str(), 100 * f.gb_per_s / copy,
+          u.str().c_str(), fused_bytes / (u.ms * 1e6), u.ms / f.ms);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lowbit::test
