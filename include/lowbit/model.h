@@ -143,6 +143,30 @@ class ParamArena {
   int64_t size_ = 0;
 };
 
+// ---- incremental decoding ----------------------------------------------------------------
+// The keys and values of every layer for `batch` sequences of up to `capacity` positions (RoPE
+// applied to the keys), bf16 on the context's device, with the RoPE table of those positions.
+// LlamaModel::decode appends to it; all sequences of a batch advance together.
+class KvCache {
+ public:
+  // capacity ≤ cfg.max_seq_len (0: max_seq_len). Memory: 2·L·B·capacity·Hkv·Dh bf16.
+  KvCache(Context& ctx, const ModelConfig& cfg, int batch, int capacity = 0);
+  int batch() const { return batch_; }
+  int capacity() const { return capacity_; }
+  int length() const { return length_; }        // positions held, [0, capacity]
+  void reset() { length_ = 0; }                 // forget every position (the memory is kept)
+  TensorView k(int layer) const;                // [B, capacity, Hkv, Dh] bf16
+  TensorView v(int layer) const;                // [B, capacity, Hkv, Dh] bf16
+  const Tensor& rope() const { return rope_; }  // [capacity, Dh/2, 2] f32
+
+ private:
+  friend class LlamaModel;
+  int n_layers_ = 0, n_kv_heads_ = 0, head_dim_ = 0;
+  int batch_ = 0, capacity_ = 0, length_ = 0;
+  Tensor k_all_, v_all_;  // [L, B, capacity, Hkv, Dh] bf16
+  Tensor rope_;
+};
+
 // ---- the model ---------------------------------------------------------------------------
 struct ForwardOptions {
   bool training = true;                   // keep what the backward needs
@@ -211,6 +235,14 @@ class LlamaModel {
 
   // Logits of the last position of each sequence: [B, V] f32 on the host (generation).
   std::vector<float> last_logits(const TensorView& tokens, int batch, int seq_len);
+  // Incremental decoding (src/model/llama_decode.cpp): runs tokens [B, Tq] i32 (host or device)
+  // at positions [t0, t0 + Tq), t0 = cache.length(), attending to the cached positions; appends
+  // their keys and values to `cache` and returns the logits of the last position [B, V] f32 on
+  // the host. A prompt is one call (the prefill), then one call per generated token. Always BF16
+  // with the BF16 compute weights, whatever the plan's recipe (generation evaluates the trained
+  // weights in BF16; forward_loss measures the training recipe). Positions past
+  // cache.capacity() are a UserError: reset() the cache and prefill a shorter window.
+  std::vector<float> decode(const TensorView& tokens, int batch, int tq, KvCache& cache);
 
  private:
   struct Impl;

@@ -92,6 +92,24 @@ void attention_bwd(Context& ctx, const TensorView& dq, const TensorView& dk, con
                    const TensorView& dout, const TensorView& q, const TensorView& k,
                    const TensorView& v, const TensorView& out, const TensorView& lse, float scale);
 
+// ---- attention against a KV cache (incremental decoding) -----------------------------------
+// k_cache and v_cache [B, Tmax, Hkv, Dh] hold the (rotated) keys and values of positions
+// [0, Tmax) of each sequence; a generation step appends its new positions and attends to all of
+// them. Views with a contiguous last dim (bf16, or f32 on the CPU).
+//
+// cache rows [t0, t0 + Tq) = src [B, Tq, Hkv, Dh] (a strided view allowed, e.g. the k or v part
+// of a fused qkv activation); t0 + Tq ≤ Tmax. Other rows are left untouched.
+void kv_cache_write(Context& ctx, const TensorView& cache, const TensorView& src, int64_t t0);
+// out [B, Tq, H, Dh] = attention of the queries q [B, Tq, H, Dh] of positions t0 .. t0 + Tq − 1
+// against the keys and values of positions [0, t0 + Tq) of the caches: query i sees keys
+// 0 .. t0 + i (causal), query head h reads kv head h / (H / Hkv). Softmax and accumulation in
+// fp32, out rounded once. Dh ≤ 256 on the CPU, Dh ∈ {64, 128} on the GPU (where a prefill,
+// t0 = 0 with many queries, runs the flash kernel of attention_fwd). With t0 = 0 and Tq = T it
+// is attention_fwd's output (without lse).
+void attention_cache_fwd(Context& ctx, const TensorView& out, const TensorView& q,
+                         const TensorView& k_cache, const TensorView& v_cache, int64_t t0,
+                         float scale);
+
 // ---- SwiGLU -----------------------------------------------------------------------------------
 // gate_up [N, 2F] bf16 holds the gate projection in columns [0, F) and the up projection in
 // [F, 2F). out [N, F] bf16 = silu(gate) · up.

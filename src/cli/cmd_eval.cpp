@@ -1,6 +1,7 @@
 // `lowbit eval CKPT --data FILE` (loss and perplexity of a checkpoint on a corpus) and
 // `lowbit generate CKPT --prompt TEXT` (sampling with temperature, top-k and top-p).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -120,13 +121,56 @@ void add_eval_command(CLI::App& app, CommandAction& action) {
   });
 }
 
+namespace {
+
+// One token from the last position's logits [V]: greedy when temperature is 0, else sampled
+// from softmax(logits / temperature) restricted to the k most likely tokens and then to the
+// smallest prefix of them whose probability reaches top_p.
+int sample_token(const std::vector<float>& logits, int64_t V, double temperature, int top_k,
+                 double top_p, std::mt19937_64& rng) {
+  std::vector<int> order(V);
+  for (int64_t v = 0; v < V; ++v) order[v] = static_cast<int>(v);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  if (temperature <= 0) return order[0];
+  const int k = top_k > 0 ? std::min<int>(top_k, int(V)) : int(V);
+  std::vector<double> p(k);
+  double z = 0;
+  for (int j = 0; j < k; ++j) {
+    z += p[j] = std::exp((logits[order[j]] - logits[order[0]]) / temperature);
+  }
+  int keep = k;  // top-p: the smallest prefix with mass ≥ top_p
+  double acc = 0;
+  for (int j = 0; j < k; ++j) {
+    acc += p[j] / z;
+    if (acc >= top_p) {
+      keep = j + 1;
+      break;
+    }
+  }
+  double total = 0;
+  for (int j = 0; j < keep; ++j) total += p[j];
+  double u = std::uniform_real_distribution<double>(0, total)(rng);
+  for (int j = 0; j < keep; ++j) {
+    if ((u -= p[j]) <= 0) return order[j];
+  }
+  return order[keep - 1];
+}
+
+Tensor token_row(const std::vector<int32_t>& ids, size_t first, size_t n) {
+  Tensor tok = Tensor::empty({1, static_cast<int64_t>(n)}, DType::kI32, Device::cpu());
+  std::copy(ids.begin() + first, ids.begin() + first + n, tok.ptr<int32_t>());
+  return tok;
+}
+
+}  // namespace
+
 void add_generate_command(CLI::App& app, CommandAction& action) {
   struct Opts {
     std::string ckpt, prompt = "And God said", tokenizer, precision;
     int max_tokens = 200, top_k = 40;
     double temperature = 0.8, top_p = 0.95;
     uint64_t seed = 1;
-    bool cpu = false;
+    bool cpu = false, no_kv_cache = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("generate", "Sample text from a checkpoint");
@@ -141,62 +185,80 @@ void add_generate_command(CLI::App& app, CommandAction& action) {
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer (default: the run's tokenizer.json)");
-  cmd->add_option("--precision", o->precision, "Recipe of the forward (default: the checkpoint's)");
+  cmd->add_option("--precision", o->precision,
+                  "Recipe of the forward with --no_kv_cache (default: the checkpoint's); the KV "
+                  "cache decoder always runs BF16");
+  cmd->add_flag("--no_kv_cache", o->no_kv_cache,
+                "Recompute the whole window for every token (the training forward, slow)");
   cmd->add_flag("--cpu", o->cpu, "Run on the CPU even when a GPU is present");
   cmd->callback([o, &action] {
     action = [o] {
       LOWBIT_USER_CHECK(o->temperature >= 0, "--temperature must be ≥ 0");
       LOWBIT_USER_CHECK(o->top_p > 0 && o->top_p <= 1, "--top_p must be in (0, 1]");
+      LOWBIT_USER_CHECK(o->max_tokens >= 0, "--max_tokens must be ≥ 0");
       LoadedModel m = load(o->ckpt, o->tokenizer, o->precision, o->cpu);
       std::vector<int32_t> ids = m.tok.encode(o->prompt);
       if (ids.empty()) ids.push_back(m.tok.eot_id());
       const int64_t V = m.tok.vocab_size();
       const int maxT = m.model->config().max_seq_len;
+      // When the sequence fills the cache (max_seq_len positions), the cache is rebuilt by a
+      // prefill of the last `keep` tokens: the context drops to 3/4 of the window and grows
+      // again, one prefill per max_seq_len / 4 tokens.
+      const size_t keep = static_cast<size_t>(std::max(1, maxT - maxT / 4));
+      std::unique_ptr<KvCache> cache;
+      if (!o->no_kv_cache) cache = std::make_unique<KvCache>(*m.ctx, m.model->config(), 1);
+      // Logits of the last position of ids, through the cache (a prefill when it is empty or
+      // full, else the one new token) or, with --no_kv_cache, the full window.
+      int64_t prefills = 0;
+      double prefill_s = 0;
+      size_t cached_end = 0;  // ids[.. cached_end) end with the positions the cache holds
+      auto next_logits = [&]() -> std::vector<float> {
+        if (!cache) {
+          const size_t n = std::min<size_t>(ids.size(), size_t(maxT));
+          return m.model->last_logits(token_row(ids, ids.size() - n, n), 1, static_cast<int>(n));
+        }
+        if (cache->length() > 0 && cached_end + 1 == ids.size() &&
+            cache->length() < cache->capacity()) {
+          cached_end = ids.size();
+          return m.model->decode(token_row(ids, ids.size() - 1, 1), 1, 1, *cache);
+        }
+        // The prompt (its last max_seq_len tokens), or the last `keep` tokens of a full cache.
+        const auto t0 = std::chrono::steady_clock::now();
+        const size_t n = std::min(ids.size(), cache->length() == 0 ? size_t(maxT) : keep);
+        cache->reset();
+        std::vector<float> l =
+            m.model->decode(token_row(ids, ids.size() - n, n), 1, static_cast<int>(n), *cache);
+        cached_end = ids.size();
+        prefill_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ++prefills;
+        return l;
+      };
       std::mt19937_64 rng(o->seed);
       std::printf("%s", o->prompt.c_str());
+      std::fflush(stdout);
+      const auto start = std::chrono::steady_clock::now();
+      int generated = 0;
       for (int i = 0; i < o->max_tokens; ++i) {
-        // The window is recomputed for every token (no KV cache yet).
-        const int n = static_cast<int>(std::min<size_t>(ids.size(), size_t(maxT)));
-        Tensor tok = Tensor::empty({1, n}, DType::kI32, Device::cpu());
-        std::copy(ids.end() - n, ids.end(), tok.ptr<int32_t>());
-        const std::vector<float> logits = m.model->last_logits(tok, 1, n);
-        std::vector<int> order(V);
-        for (int64_t v = 0; v < V; ++v) order[v] = static_cast<int>(v);
-        std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
-        int pick = order[0];
-        if (o->temperature > 0) {
-          const int k = o->top_k > 0 ? std::min<int>(o->top_k, int(V)) : int(V);
-          std::vector<double> p(k);
-          double z = 0;
-          for (int j = 0; j < k; ++j) {
-            z += p[j] = std::exp((logits[order[j]] - logits[order[0]]) / o->temperature);
-          }
-          int keep = k;  // top-p: the smallest prefix with mass ≥ top_p
-          double acc = 0;
-          for (int j = 0; j < k; ++j) {
-            acc += p[j] / z;
-            if (acc >= o->top_p) {
-              keep = j + 1;
-              break;
-            }
-          }
-          double total = 0;
-          for (int j = 0; j < keep; ++j) total += p[j];
-          double u = std::uniform_real_distribution<double>(0, total)(rng);
-          pick = order[keep - 1];
-          for (int j = 0; j < keep; ++j) {
-            if ((u -= p[j]) <= 0) {
-              pick = order[j];
-              break;
-            }
-          }
-        }
+        const std::vector<float> logits = next_logits();
+        const int pick = sample_token(logits, V, o->temperature, o->top_k, o->top_p, rng);
         ids.push_back(pick);
+        ++generated;
         if (m.tok.is_special(pick)) break;
         std::printf("%s", m.tok.decode(std::vector<int32_t>{pick}).c_str());
         std::fflush(stdout);
       }
+      const double total_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::printf("\n");
+      // Speed on stderr, so that stdout stays the text. Tokens/s counts every sampled token over
+      // the whole loop (prefills included); the prefills are also reported on their own.
+      std::fprintf(stderr,
+                   "generated %d tokens in %.2f s: %.1f tokens/s (%s on %s; %lld prefill%s, "
+                   "%.1f ms)\n",
+                   generated, total_s, total_s > 0 ? generated / total_s : 0.0,
+                   cache ? "KV cache, bf16" : "full window per token",
+                   m.ctx->device().str().c_str(), static_cast<long long>(prefills),
+                   prefills == 1 ? "" : "s", prefill_s * 1e3);
       return 0;
     };
   });

@@ -232,6 +232,15 @@ grep -q "sample:" "$tmp/out" || fail "train: no sample printed"
 run 0 eval "$tmp/run/checkpoint" --cpu --data "$tmp/corpus.txt" --seq_len 32
 grep -q "perplexity" "$tmp/out" || fail "eval: no perplexity printed"
 run 0 generate "$tmp/run/checkpoint" --cpu --prompt "In the" --max_tokens 5
+grep -q "tokens/s (KV cache" "$tmp/err" || fail "generate: no tokens/s line for the KV cache"
+grep -q "^In the" "$tmp/out" || fail "generate: the prompt is not echoed on stdout"
+run 0 generate "$tmp/run/checkpoint" --cpu --prompt "In the" --max_tokens 5 --no_kv_cache
+grep -q "full window per token" "$tmp/err" || fail "generate --no_kv_cache: not reported"
+# Past max_seq_len (128, the tiny preset's): the cache is rebuilt from the last window (unless an
+# end-of-text token stops the text first).
+run 0 generate "$tmp/run/checkpoint" --cpu --prompt "In the" --max_tokens 150 --temperature 0
+run 2 generate "$tmp/run/checkpoint" --cpu --max_tokens -1
+grep -q -- "--max_tokens" "$tmp/err" || fail "generate --max_tokens -1: the flag is not named"
 run 0 train --cpu --data "$tmp/corpus.txt" --n_layers 1 --batch_size 2 --seq_len 32 \
   --total_steps 5 --out "$tmp/run" --resume "$tmp/run/checkpoint" --sample_tokens 0
 grep -q "resumed from" "$tmp/out" || fail "train --resume: no resume line"
