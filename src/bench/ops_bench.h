@@ -30,7 +30,8 @@ struct OpsBenchRow {
   double ms = 0;             // median time of one call
   double bytes = 0;          // bytes counted for memory-bound ops (0 for attention)
   double gbps = -1;          // bytes / time (-1 where not counted)
-  double frac_of_copy = -1;  // gbps / measured device-to-device copy GB/s
+  double frac_of_copy = -1;  // gbps / copy_gbps
+  double copy_gbps = -1;     // device-to-device copy of the same bytes, measured in the run
   double flops = 0;          // attention only
   double tflops = -1;        // flops / time (-1 where not counted)
   std::string error;         // non-empty when the case failed (the run goes on)

@@ -415,6 +415,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
               {"bytes", r.bytes > 0 ? nlohmann::json(r.bytes) : nlohmann::json()},
               {"gbps", pos(r.gbps)},
               {"frac_of_copy", pos(r.frac_of_copy)},
+              {"copy_gbps", pos(r.copy_gbps)},
               {"flops", r.flops > 0 ? nlohmann::json(r.flops) : nlohmann::json()},
               {"tflops", pos(r.tflops)},
               {"iters", opt.iters},

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "lowbit/core/nvtx.h"
@@ -170,10 +171,16 @@ struct LlamaModel::Impl {
     weights_quantized = true;
   }
 
+  // Quantizes a linear's input inside the op that produces it (RMSNorm, SwiGLU): the same bytes
+  // as producing it in bf16 and calling quantize(), without the bf16 round trip.
+  using Producer = std::function<void(const QuantConfig&, QuantizedTensor&)>;
+
   // y [M, Nout] bf16 = x [M, K] · Wᵀ. `saved` (training) receives what the backward needs;
-  // `x_owner` is an activation that holds x and that the caller keeps anyway, or null.
+  // `x_owner` is an activation that holds x and that the caller keeps anyway, or null. With
+  // `produce` (quantized recipes), X is quantized by it and x may be empty (it is read only for
+  // the clip statistics).
   void linear_fwd(int lin, const TensorView& x, const Tensor* x_owner, const TensorView& y,
-                  LinearSaved* saved) {
+                  LinearSaved* saved, const Producer* produce = nullptr) {
     const NvtxRange range(linear_name(lin));
     const LinearPrecision& p = precision(lin);
     if (p.recipe == Recipe::kBF16) {
@@ -188,7 +195,12 @@ struct LlamaModel::Impl {
     QuantizedTensor xq;
     // The head's input is used by its backward right away; block linears recompute theirs.
     const bool keep_columnwise = saved != nullptr && (lin == head_index() || !recompute_inputs);
-    quantize(ctx, x, bind(p.x, lin, 0, true, keep_columnwise), xq);
+    const QuantConfig qc = bind(p.x, lin, 0, true, keep_columnwise);
+    if (produce != nullptr) {
+      (*produce)(qc, xq);
+    } else {
+      quantize(ctx, x, qc, xq);
+    }
     record_clip_stats(lin, 0, x, xq);
     if (collect_stats && !w_stats_done) record_clip_stats(lin, 1, weight(lin), wq[lin]);
     GemmOptions o;
@@ -236,18 +248,14 @@ struct LlamaModel::Impl {
       case LinearKind::kQKV:
       case LinearKind::kGateUp: {
         const bool first = static_cast<LinearKind>(k) == LinearKind::kQKV;
-        Tensor ln = act({N, D}, adt, dev);         // [N, D] = rmsnorm(x_in or x_mid)
-        Tensor rstd = act({N}, DType::kF32, dev);  // [N] equal to the kept rstd
-        rmsnorm_fwd(ctx, ln, rstd, first ? s.x_in : s.x_mid, param(p_layer(l, first ? 0 : 5)),
-                    cfg.norm_eps);
-        quantize(ctx, ln, qc, xq);
+        // rmsnorm(x_in or x_mid) quantized straight from the norm (no bf16 copy, no rstd).
+        rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), first ? s.x_in : s.x_mid,
+                             param(p_layer(l, first ? 0 : 5)), cfg.norm_eps, qc, xq);
         break;
       }
       case LinearKind::kProj: quantize(ctx, s.att, qc, xq); break;
       case LinearKind::kDown: {
-        Tensor h = act({N, F}, adt, dev);  // [N, F] = silu(gate)·up
-        swiglu_fwd(ctx, h, s.gu);
-        quantize(ctx, h, qc, xq);
+        swiglu_fwd_quantize(ctx, TensorView(), s.gu, qc, xq);  // silu(gate)·up, quantized
         break;
       }
     }
@@ -255,6 +263,26 @@ struct LlamaModel::Impl {
 
   TensorView rope_rows(int T) const {
     return TensorView(rope.data(), DType::kF32, Shape{T, cfg.head_dim() / 2, 2}, dev);
+  }
+
+  // y = rmsnorm(x)·w (rstd [N] written) followed by linear `lin`: quantized linears take the norm
+  // output quantized from the norm itself; bf16 ones get it in bf16 (kept for wgrad).
+  void norm_linear_fwd(int lin, const Tensor& x, int p_norm_w, const Tensor& rstd,
+                       const TensorView& y, LinearSaved* saved) {
+    const int64_t N = x.shape()[0], D = cfg.d_model;
+    const bool fused = precision(lin).recipe != Recipe::kBF16;
+    Tensor ln;  // [N, D] bf16 norm output, when something reads it in bf16
+    if (!fused || collect_stats) ln = act({N, D}, adt, dev);
+    const TensorView lnv = ln.defined() ? ln.view() : TensorView();
+    if (fused) {
+      const Producer make = [&](const QuantConfig& qc, QuantizedTensor& xq) {
+        rmsnorm_fwd_quantize(ctx, lnv, rstd, x, param(p_norm_w), cfg.norm_eps, qc, xq);
+      };
+      linear_fwd(lin, lnv, nullptr, y, saved, &make);
+    } else {
+      rmsnorm_fwd(ctx, ln, rstd, x, param(p_norm_w), cfg.norm_eps);
+      linear_fwd(lin, ln, &ln, y, saved);
+    }
   }
 
   // One block forward: returns the block output; fills `s` when training.
@@ -265,11 +293,8 @@ struct LlamaModel::Impl {
     const int64_t Wqkv = int64_t(H + 2 * Hkv) * Dh;
     const int lin0 = l * kLinearsPerBlock;
     Tensor rstd1 = act({N}, DType::kF32, dev);
-    Tensor ln1 = act({N, D}, adt, dev);
-    rmsnorm_fwd(ctx, ln1, rstd1, x, param(p_layer(l, 0)), cfg.norm_eps);
     Tensor qkv = act({N, Wqkv}, adt, dev);
-    linear_fwd(lin0 + 0, ln1, &ln1, qkv, s ? &s->lin[0] : nullptr);
-    ln1 = Tensor();
+    norm_linear_fwd(lin0 + 0, x, p_layer(l, 0), rstd1, qkv, s ? &s->lin[0] : nullptr);
     const TensorView q = heads_view(qkv, B, T, 0, H, Dh);
     const TensorView k = heads_view(qkv, B, T, int64_t(H) * Dh, Hkv, Dh);
     const TensorView v = heads_view(qkv, B, T, int64_t(H + Hkv) * Dh, Hkv, Dh);
@@ -284,15 +309,26 @@ struct LlamaModel::Impl {
     linear_fwd(lin0 + 1, att, &att, x_mid, s ? &s->lin[1] : nullptr);
     add(ctx, x_mid, x_mid, x);
     Tensor rstd2 = act({N}, DType::kF32, dev);
-    Tensor ln2 = act({N, D}, adt, dev);
-    rmsnorm_fwd(ctx, ln2, rstd2, x_mid, param(p_layer(l, 5)), cfg.norm_eps);
     Tensor gu = act({N, 2 * F}, adt, dev);
-    linear_fwd(lin0 + 2, ln2, &ln2, gu, s ? &s->lin[2] : nullptr);
-    ln2 = Tensor();
-    Tensor h = act({N, F}, adt, dev);
-    swiglu_fwd(ctx, h, gu);
+    norm_linear_fwd(lin0 + 2, x_mid, p_layer(l, 5), rstd2, gu, s ? &s->lin[2] : nullptr);
     Tensor out = act({N, D}, adt, dev);
-    linear_fwd(lin0 + 3, h, &h, out, s ? &s->lin[3] : nullptr);
+    {
+      // h = silu(gate)·up: [N, F] bf16 for a bf16 linear (or the clip statistics); quantized
+      // linears take it quantized from the SwiGLU itself.
+      const bool fused = precision(lin0 + 3).recipe != Recipe::kBF16;
+      Tensor h;
+      if (!fused || collect_stats) h = act({N, F}, adt, dev);
+      const TensorView hv = h.defined() ? h.view() : TensorView();
+      if (fused) {
+        const Producer make = [&](const QuantConfig& qc, QuantizedTensor& xq) {
+          swiglu_fwd_quantize(ctx, hv, gu, qc, xq);
+        };
+        linear_fwd(lin0 + 3, hv, nullptr, out, s ? &s->lin[3] : nullptr, &make);
+      } else {
+        swiglu_fwd(ctx, h, gu);
+        linear_fwd(lin0 + 3, h, &h, out, s ? &s->lin[3] : nullptr);
+      }
+    }
     add(ctx, out, out, x_mid);
     if (s) {
       s->x_in = x;

@@ -272,7 +272,7 @@ TEST(GpuFusedQuantizePerf, Bandwidth) {
   ASSERT_GT(cuda_device_count(), 0);
   Context ctx(kGpu);
   const int64_t n = 16384;
-  DelayedScalingState st(DelayedScalingConfig{}, ScalingPass::kForward, 1, kGpu);
+  DelayedScalingState st(DelayedScalingConfig{}, ScalingPass::kForward, 2, kGpu);
   for (int64_t d : {768, 2048}) {
     const double copy = copy_gbps(ctx, n * d * 2);
     Tensor x = Tensor::copy_of(source(n, d, Src::kGaussian, 1.0, 1), kGpu);

@@ -158,8 +158,9 @@ class GpuQuant : public ::testing::Test {
 };
 
 TEST_F(GpuQuant, EveryRecipeMatchesCpuTwinOnOddShapesAndFills) {
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 16},   {65, 80},   {993, 512},
-                                                           {96, 160}, {992, 512}, {128, 256}};
+  // 384×640 and 1024×1024: several full 128×128 tiles (the FP8 block kernels' fast path).
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 16}, {65, 80}, {993, 512}, {96, 160}, {992, 512}, {128, 256}, {384, 640}, {1024, 1024}};
   for (const Case& c : cases()) {
     for (auto [m, k] : shapes) {
       if (m % c.align != 0 || k % c.align != 0) continue;
