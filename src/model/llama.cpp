@@ -241,7 +241,6 @@ struct LlamaModel::Impl {
     const LinearPrecision& p = precision(lin);
     if (p.recipe == Recipe::kBF16 || s.lin[k].xq.has_columnwise()) return;
     const NvtxRange range(linear_name(lin) + " input recompute");
-    const int64_t N = s.x_in.shape()[0], D = cfg.d_model, F = cfg.ffn_hidden;
     const QuantConfig qc = bind(p.x, lin, 0, false, true);
     QuantizedTensor& xq = s.lin[k].xq;
     switch (static_cast<LinearKind>(k)) {
@@ -298,8 +297,9 @@ struct LlamaModel::Impl {
     const TensorView q = heads_view(qkv, B, T, 0, H, Dh);
     const TensorView k = heads_view(qkv, B, T, int64_t(H) * Dh, Hkv, Dh);
     const TensorView v = heads_view(qkv, B, T, int64_t(H + Hkv) * Dh, Hkv, Dh);
-    rope_fwd(ctx, q, q, rope_rows(T));
-    rope_fwd(ctx, k, k, rope_rows(T));
+    // q and k are adjacent column ranges of qkv: one rotation over their H + Hkv heads.
+    const TensorView qk = heads_view(qkv, B, T, 0, H + Hkv, Dh);
+    rope_fwd(ctx, qk, qk, rope_rows(T));
     Tensor att = act({N, int64_t(H) * Dh}, adt, dev);
     Tensor lse = act({B, H, T}, DType::kF32, dev);
     const NvtxRange attn_range("attention");
@@ -388,8 +388,8 @@ struct LlamaModel::Impl {
     s.att = Tensor();
     s.qkv = Tensor();
     s.lse = Tensor();
-    rope_bwd(ctx, dq, dq, rope_rows(T));
-    rope_bwd(ctx, dk, dk, rope_rows(T));
+    const TensorView dqk = heads_view(dqkv, B, T, 0, H + Hkv, Dh);  // dq and dk, adjacent
+    rope_bwd(ctx, dqk, dqk, rope_rows(T));
     recompute_wgrad_input(l, 0, s);
     linear_bwd(lin0 + 0, dqkv, s.lin[0], &dln.view());
     s.lin[0] = {};

@@ -19,15 +19,17 @@ struct HeadStrides {
 };
 
 // y, x [B, T, nH, Dh] bf16 (strided), table [T', Dh/2, 2] f32; sign +1 rotates, −1 rotates back.
-template <int VEC>
-__global__ void rope_kernel(uint16_t* y, const uint16_t* x, const float* __restrict__ table,
-                            int64_t nt, int64_t nh, int64_t half, HeadStrides ys, HeadStrides xs,
-                            int64_t total, float sign) {
-  const int64_t chunks = half / VEC;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = (i % chunks) * VEC;  // first pair of this thread
-    const int64_t hv = i / chunks;         // head vector: (b·T + t)·nH + h
+// Idx: the type of the thread-index arithmetic — uint32_t when the whole index space fits (the
+// 64-bit divisions otherwise dominate this memory-bound kernel's instruction count).
+template <int VEC, typename Idx>
+__global__ void rope_kernel(uint16_t* y, const uint16_t* x, const float* __restrict__ table, Idx nt,
+                            Idx nh, Idx half, HeadStrides ys, HeadStrides xs, Idx total,
+                            float sign) {
+  const Idx chunks = half / VEC;
+  for (Idx i = blockIdx.x * Idx(blockDim.x) + threadIdx.x; i < total;
+       i += Idx(gridDim.x) * blockDim.x) {
+    const Idx j = (i % chunks) * VEC;  // first pair of this thread
+    const Idx hv = i / chunks;         // head vector: (b·T + t)·nH + h
     const int64_t h = hv % nh, bt = hv / nh, t = bt % nt, b = bt / nt;
     const uint16_t* xp = x + b * xs.b + t * xs.t + h * xs.h + j;
     uint16_t* yp = y + b * ys.b + t * ys.t + h * ys.h + j;
@@ -71,14 +73,23 @@ void rope_apply_cuda(Context& ctx, const TensorView& y, const TensorView& x,
   for (int64_t s : {xs.b, xs.t, xs.h, ys.b, ys.t, ys.h}) vec = vec && s % 8 == 0;
   const int64_t heads = nb * nt * nh;
   cudaStream_t st = ctx.stream();
-  if (vec) {
-    const int64_t total = heads * (half / 8);
-    const int grid = int(std::min<int64_t>(ceil_div(total, kThreads), int64_t(1) << 20));
-    rope_kernel<8><<<grid, kThreads, 0, st>>>(yp, xp, tab, nt, nh, half, ys, xs, total, sign);
+  const int v = vec ? 8 : 1;
+  const int64_t total = heads * (half / v);
+  const int grid = int(std::min<int64_t>(ceil_div(total, kThreads), int64_t(1) << 20));
+  // 32-bit index math while the index space (plus one grid stride) fits.
+  const bool narrow = total + int64_t(grid) * kThreads < (int64_t(1) << 32);
+  if (vec && narrow) {
+    rope_kernel<8, uint32_t><<<grid, kThreads, 0, st>>>(
+        yp, xp, tab, uint32_t(nt), uint32_t(nh), uint32_t(half), ys, xs, uint32_t(total), sign);
+  } else if (vec) {
+    rope_kernel<8, int64_t>
+        <<<grid, kThreads, 0, st>>>(yp, xp, tab, nt, nh, half, ys, xs, total, sign);
+  } else if (narrow) {
+    rope_kernel<1, uint32_t><<<grid, kThreads, 0, st>>>(
+        yp, xp, tab, uint32_t(nt), uint32_t(nh), uint32_t(half), ys, xs, uint32_t(total), sign);
   } else {
-    const int64_t total = heads * half;
-    const int grid = int(std::min<int64_t>(ceil_div(total, kThreads), int64_t(1) << 20));
-    rope_kernel<1><<<grid, kThreads, 0, st>>>(yp, xp, tab, nt, nh, half, ys, xs, total, sign);
+    rope_kernel<1, int64_t>
+        <<<grid, kThreads, 0, st>>>(yp, xp, tab, nt, nh, half, ys, xs, total, sign);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
