@@ -120,7 +120,8 @@ std::vector<QuantBenchRow> run_quant_bench(const QuantBenchOptions& opt) {
         time_median_ms(stream, W, I,
                        [&](int i) {
                          quant_cuda::fp8_cast_transpose(src(i), M, K, scale, false, q.as<uint8_t>(),
-                                                        qt.as<uint8_t>(), scale_inv, amax, stream);
+                                                        qt.as<uint8_t>(), scale_inv, amax, nullptr,
+                                                        stream);
                        }),
         copy_gbps);
     add("fp8 current cast+T", 4 * mk,
@@ -132,7 +133,7 @@ std::vector<QuantBenchRow> run_quant_bench(const QuantBenchOptions& opt) {
                                                    scale_inv + 1, stream);
                          quant_cuda::fp8_cast_transpose(src(i), M, K, scale + 1, false,
                                                         q.as<uint8_t>(), qt.as<uint8_t>(),
-                                                        scale_inv + 1, nullptr, stream);
+                                                        scale_inv + 1, nullptr, nullptr, stream);
                        }),
         copy_gbps);
     const double s128 = 2 * mk / 128 * 4;

@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kThreads)
                               uint8_t* __restrict__ q,   // [M, K] or null
                               uint8_t* __restrict__ qt,  // [K, M] or null
                               float* scale_inv_out,      // [1] or null
-                              float* amax_out) {         // [1], max-accumulated, or null
+                              float* amax_out,           // [1], max-accumulated, or null
+                              float* amax_fold) {        // [1], max-accumulated, or null
   // Codes of the tile; rows padded by 4 bytes so that the two lanes writing the halves of one
   // 32-byte sector (rows 16 apart, same column) read different banks.
   __shared__ __align__(16) uint8_t tile[kTM][kTK + 4];
@@ -153,6 +154,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   block_amax_to_global(local_amax, amax_out);
+  block_amax_to_global(local_amax, amax_fold);
   if (scale_inv_out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
     *scale_inv_out = scale_inv_from_scale(scale);
   }
@@ -533,7 +535,8 @@ void current_scale(const float* amax_in, float fmax, bool pow2, float eps, float
 
 template <typename T>
 void fp8_cast_transpose(const T* x, int64_t M, int64_t K, const float* scale, bool e5m2, uint8_t* q,
-                        uint8_t* qt, float* scale_inv, float* amax_out, cudaStream_t stream) {
+                        uint8_t* qt, float* scale_inv, float* amax_out, float* amax_fold,
+                        cudaStream_t stream) {
   if (M == 0 || K == 0) return;
   const dim3 grid(unsigned(ceil_div(M, kTM)), unsigned(ceil_div(K, kTK)));
   // Full tiles: M % 64 == 0, K % 128 == 0 and 16-byte aligned base pointers.
@@ -541,7 +544,7 @@ void fp8_cast_transpose(const T* x, int64_t M, int64_t K, const float* scale, bo
                     reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(qt) % 16 == 0;
   auto kern = full ? fp8_cast_transpose_kernel<T, true> : fp8_cast_transpose_kernel<T, false>;
-  kern<<<grid, kThreads, 0, stream>>>(x, M, K, scale, e5m2, q, qt, scale_inv, amax_out);
+  kern<<<grid, kThreads, 0, stream>>>(x, M, K, scale, e5m2, q, qt, scale_inv, amax_out, amax_fold);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -585,7 +588,7 @@ void fp8_block(const T* x, int64_t M, int64_t K, bool two_d, bool e5m2, float fm
 #define LOWBIT_INSTANTIATE(T)                                                                   \
   template void amax<T>(const T*, int64_t, float*, cudaStream_t);                               \
   template void fp8_cast_transpose<T>(const T*, int64_t, int64_t, const float*, bool, uint8_t*, \
-                                      uint8_t*, float*, float*, cudaStream_t);                  \
+                                      uint8_t*, float*, float*, float*, cudaStream_t);          \
   template void fp8_block<T>(const T*, int64_t, int64_t, bool, bool, float, bool, float, float, \
                              uint8_t*, float*, uint8_t*, float*, float*, cudaStream_t);
 LOWBIT_INSTANTIATE(uint16_t)

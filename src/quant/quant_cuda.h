@@ -32,10 +32,11 @@ void current_scale(const float* amax, float fmax, bool pow2, float eps, float* s
                    float* scale_inv, cudaStream_t stream);
 
 // FP8 per-tensor: q [M, K] and/or qt [K, M] = cvt_sat(x · *scale); writes *scale_inv and folds
-// max |x| into *amax_out (each may be null).
+// max |x| into *amax_out and *amax_fold (e.g. a delayed-scaling history slot; each may be null).
 template <typename T>
 void fp8_cast_transpose(const T* x, int64_t M, int64_t K, const float* scale, bool e5m2, uint8_t* q,
-                        uint8_t* qt, float* scale_inv, float* amax_out, cudaStream_t stream);
+                        uint8_t* qt, float* scale_inv, float* amax_out, float* amax_fold,
+                        cudaStream_t stream);
 
 // FP8 block scaling. two_d = false: 1×128 blocks, rowwise scales in VEC128 layout
 // [ceil(K/128), pad4(M)], columnwise (qt [K, M], blocks along M) [ceil(M/128), pad4(K)].

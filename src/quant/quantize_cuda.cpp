@@ -42,7 +42,9 @@ void run(Context& ctx, const TensorView& x, const QuantConfig& cfg, const QuantS
                         "stochastic rounding of per-tensor FP8 is not implemented on the GPU; "
                         "it is available for NVFP4 and MX payloads");
       out.amax = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
-      Tensor scale_inv = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+      // Written by the cast kernel (delayed) or the scale kernel (current): no fill needed.
+      Tensor scale_inv = m * k > 0 ? Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace)
+                                   : Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
       const float* scale_ptr;
       Tensor scale;
       if (cfg.delayed != nullptr) {
@@ -61,18 +63,17 @@ void run(Context& ctx, const TensorView& x, const QuantConfig& cfg, const QuantS
         scale_ptr = scale.ptr<float>();
       }
       float* amax_out = cfg.delayed != nullptr ? out.amax.ptr<float>() : nullptr;
+      // Delayed scaling: the cast also folds this tensor's amax into the current history row
+      // (max with earlier casts of the step).
+      float* row0 = cfg.delayed != nullptr
+                        ? cfg.delayed->amax_history().ptr<float>() + cfg.delayed_slot
+                        : nullptr;
       quant_cuda::fp8_cast_transpose(src, m, k, scale_ptr, e5m2, u8(out.rowwise_data),
                                      u8(out.columnwise_data), scale_inv.ptr<float>(), amax_out,
-                                     stream);
+                                     row0, stream);
+      // Both copies share the one scale (the tensor is read-only from here on).
       if (cfg.rowwise) out.rowwise_scale_inv = scale_inv;
-      if (cfg.columnwise) {
-        out.columnwise_scale_inv = cfg.rowwise ? Tensor::copy_of(scale_inv.view(), dev) : scale_inv;
-      }
-      if (cfg.delayed != nullptr) {
-        // Fold this tensor's amax into the current history row (max with earlier casts).
-        float* row0 = cfg.delayed->amax_history().ptr<float>() + cfg.delayed_slot;
-        quant_cuda::amax(out.amax.ptr<float>(), 1, row0, stream);
-      }
+      if (cfg.columnwise) out.columnwise_scale_inv = scale_inv;
       break;
     }
     case ScalingMode::kBlock1x128:
