@@ -25,8 +25,8 @@ TEST(QuantClipStats, DelayedScalingSaturatesAboveTheFormatMaxAndFlushesTinyValue
   // rounds to it; 1e-6 is below half the smallest E4M3 subnormal (2^-10) and becomes 0; 0 and
   // NaN count as neither.
   DelayedScalingState st(DelayedScalingConfig{}, ScalingPass::kForward, 1);
-  const Tensor x = bf16_from(
-      1, 10, {500.0f, 448.0f, 1e-6f, 0.0f, kNaN, -600.0f, 1.0f, -3e-7f, 460.0f, -456.0f});
+  const Tensor x =
+      bf16_from(1, 10, {500.0f, 448.0f, 1e-6f, 0.0f, kNaN, -600.0f, 1.0f, -3e-7f, 460.0f, -456.0f});
   const QuantizedTensor q = run(x, QuantConfig::fp8_delayed(st, 0));
   EXPECT_EQ(counts_of(x, q), std::make_pair(int64_t(2), int64_t(2)));
 }
