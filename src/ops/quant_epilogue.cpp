@@ -1,13 +1,6 @@
 // Host side of the fused FP8 epilogues (quant_epilogue.h).
 #include "ops/quant_epilogue.h"
 
-#include <cuda_runtime.h>
-
-#include <cstdlib>
-#include <string_view>
-
-#include "lowbit/core/cuda_check.h"
-
 namespace lowbit::ops_detail {
 
 bool fp8_delayed_fusable(const QuantConfig& cfg, Device dev) {
@@ -22,23 +15,8 @@ bool fp8_delayed_fusable(const QuantConfig& cfg, Device dev) {
   return st.scale().device() == dev && st.amax_history().device() == dev;
 }
 
-bool ops_old_kernels() {
-  static const bool old = [] {
-    const char* env = std::getenv("LOWBIT_OPS_KERNELS");
-    return env != nullptr && std::string_view(env) == "old";
-  }();
-  return old;
-}
-
-Fp8Epilogue fp8_epilogue_outputs(Context& ctx, const QuantConfig& cfg, int64_t m, int64_t k,
+Fp8Epilogue fp8_epilogue_outputs(const QuantConfig& cfg, int64_t m, int64_t k, Device dev,
                                  QuantizedTensor& out) {
-  const Device dev = ctx.device();
-  const bool old = ops_old_kernels();
-  // Zeroed tensors (old) or uninitialised ones the kernel fills.
-  auto scalar = [&](const Shape& shape, DType t) {
-    return old ? Tensor::zeros(shape, t, dev, MemCategory::kWorkspace)
-               : Tensor::empty(shape, t, dev, MemCategory::kWorkspace);
-  };
   out = QuantizedTensor{};
   out.mode = cfg.mode;
   out.dtype = cfg.dtype;
@@ -48,23 +26,21 @@ Fp8Epilogue fp8_epilogue_outputs(Context& ctx, const QuantConfig& cfg, int64_t m
   ep.e5m2 = cfg.dtype == DType::kE5M2;
   // Row 0 of the [L, num_slots] history is the current step's amax of every slot.
   ep.history_amax = cfg.delayed->amax_history().ptr<float>() + cfg.delayed_slot;
-  out.amax = scalar({1}, DType::kF32);  // [1]
+  out.amax = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);  // [1]
   ep.amax = out.amax.ptr<float>();
-  if (!old) {
-    // The kernel's blocks fold their amax into it with atomic max: it must start at +0.
-    LOWBIT_CUDA_CHECK(cudaMemsetAsync(ep.amax, 0, sizeof(float), ctx.stream()));
-  }
   if (cfg.rowwise) {
     const QuantLayout l = quant_layout(cfg.mode, cfg.dtype, m, k, Usage::kRowwise);
     out.rowwise_data = Tensor::empty(l.data_shape, l.data_dtype, dev, MemCategory::kActivations);
-    out.rowwise_scale_inv = scalar(l.scale_shape, l.scale_dtype);  // [1]
+    out.rowwise_scale_inv = Tensor::zeros(l.scale_shape, l.scale_dtype, dev,
+                                          MemCategory::kWorkspace);  // [1]
     ep.q = out.rowwise_data.ptr<uint8_t>();
     ep.q_scale_inv = out.rowwise_scale_inv.ptr<float>();
   }
   if (cfg.columnwise) {
     const QuantLayout l = quant_layout(cfg.mode, cfg.dtype, m, k, Usage::kColumnwise);  // [K, M]
     out.columnwise_data = Tensor::empty(l.data_shape, l.data_dtype, dev, MemCategory::kActivations);
-    out.columnwise_scale_inv = scalar(l.scale_shape, l.scale_dtype);  // [1]
+    out.columnwise_scale_inv = Tensor::zeros(l.scale_shape, l.scale_dtype, dev,
+                                             MemCategory::kWorkspace);  // [1]
     ep.qt = out.columnwise_data.ptr<uint8_t>();
     ep.qt_scale_inv = out.columnwise_scale_inv.ptr<float>();
   }

@@ -70,11 +70,6 @@ __device__ __forceinline__ void store_transposed(uint8_t* __restrict__ qt,
 // The block's amax folded into ep.amax and into the state's history entry (max is associative,
 // so per-block atomics give max(history, amax of the tensor) exactly as quantize() records it),
 // and scale_inv written once by block 0. Every thread of the block must call it.
-// kSkipSmaller: a block whose amax is not above the value it reads (through L2) issues no atomic.
-// Both targets only grow, so a value read once bounds the final one from below and the result is
-// the same max; grids of thousands of blocks then send a few atomics to the one address, not one
-// per block (same-address atomics serialise in L2).
-template <bool kSkipSmaller = false>
 __device__ __forceinline__ void fp8_epilogue_finish(float local_amax, float scale,
                                                     const ops_detail::Fp8Epilogue& ep) {
   __shared__ float warp_amax[32];
@@ -87,10 +82,8 @@ __device__ __forceinline__ void fp8_epilogue_finish(float local_amax, float scal
     float a = 0.0f;
     for (int i = 0; i < int((blockDim.x + 31) / 32); ++i) a = fmax_num(a, warp_amax[i]);
     // Amaxes are non-negative and never NaN (amax_combine skips NaN): bit order = value order.
-    if (!kSkipSmaller || a > __ldcg(ep.amax)) quant_cuda::atomic_max_nonneg(ep.amax, a);
-    if (!kSkipSmaller || a > __ldcg(ep.history_amax)) {
-      quant_cuda::atomic_max_nonneg(ep.history_amax, a);
-    }
+    quant_cuda::atomic_max_nonneg(ep.amax, a);
+    quant_cuda::atomic_max_nonneg(ep.history_amax, a);
     if (blockIdx.x == 0 && blockIdx.y == 0) {
       const float si = scale_inv_from_scale(scale);
       if (ep.q_scale_inv != nullptr) *ep.q_scale_inv = si;

@@ -30,18 +30,10 @@ struct Fp8Epilogue {
 bool fp8_delayed_fusable(const QuantConfig& cfg, Device dev);
 
 // Replaces `out` with the tensors quantize() allocates for an [m, k] source under `cfg` (which
-// passed fp8_delayed_fusable) on ctx's device and returns their pointers. The amax is zeroed by
-// one cudaMemsetAsync on ctx's stream; scale_inv and the payloads are left for the kernel to write
-// (fp8_epilogue_finish writes scale_inv), so a call is one memset node and one kernel. Under
-// LOWBIT_OPS_KERNELS=old the previous behaviour: amax and scale_invs zeroed by cudaMemset on the
-// legacy stream (three synchronous-API calls, each a separate node ordered with every blocking
-// stream).
-Fp8Epilogue fp8_epilogue_outputs(Context& ctx, const QuantConfig& cfg, int64_t m, int64_t k,
+// passed fp8_delayed_fusable) on `dev` and returns their pointers. Scales and the amax are zeroed;
+// payloads are left for the kernel to write.
+Fp8Epilogue fp8_epilogue_outputs(const QuantConfig& cfg, int64_t m, int64_t k, Device dev,
                                  QuantizedTensor& out);
-
-// True when LOWBIT_OPS_KERNELS=old: the ops whose kernels were replaced run their previous
-// kernels (read once per process), so that old and new can be compared in one GPU session.
-bool ops_old_kernels();
 
 // True for a default-constructed TensorView(): an optional output that was not asked for.
 inline bool absent(const TensorView& t) { return t.data == nullptr && t.ndim() == 0; }

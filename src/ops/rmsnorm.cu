@@ -224,127 +224,6 @@ __global__ void __launch_bounds__(512)
   fp8_epilogue_finish(local_amax, scale, ep);
 }
 
-// The same op, rows in batches (the default; rmsnorm_fwd_fp8_kernel above runs under
-// LOWBIT_OPS_KERNELS=old). The old kernel gave every group kQRows / groups rows one after the other
-// with one row of look-ahead: at N = 16384, D 768 its 512 blocks fit in one wave, so the kernel
-// lasted about 8 dependent row latencies, and the rowwise-only case (no tile to transpose) paid
-// for 32-row tiles it did not need. Here a block has tile_rows rows (kQRows when there is a
-// columnwise tile, else groups · KB: D 768 → 8 rows, 2048 blocks; D 2048 → 4 rows, 4096 blocks)
-// and group g loads KB rows at once (rows r0 .. r0 + KB of the tile, r0 = g·KB, g·KB + groups·KB,
-// …), so KB rows per group are in flight and the row sums of a batch share one pair of barriers.
-// Each row's arithmetic is exactly that of rmsnorm_fwd_fp8_kernel (and so of rmsnorm_fwd): the
-// same chunks per thread, sumsq_chunks, then per row warp_sum, the group's warp partials in warp
-// order, warp_sum; which group handles a row, and in which batch, changes nothing in its bytes.
-// The amax fold skips atomics that cannot raise the target (fp8_epilogue_finish<true>).
-template <int KB>
-__device__ __forceinline__ void group_sum_batch(float (&v)[KB], float* scratch, int g, int wpg,
-                                                int group_threads) {
-#pragma unroll
-  for (int j = 0; j < KB; ++j) v[j] = warp_sum(v[j]);
-  if (wpg == 1) return;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // scratch [KB][16]: one partial per warp of the block and row of the batch. The first barrier
-  // keeps it until the group's previous batch has read it.
-  asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(group_threads) : "memory");
-  if (lane == 0) {
-#pragma unroll
-    for (int j = 0; j < KB; ++j) scratch[j * 16 + warp] = v[j];
-  }
-  asm volatile("bar.sync %0, %1;" ::"r"(g + 1), "r"(group_threads) : "memory");
-#pragma unroll
-  for (int j = 0; j < KB; ++j) {
-    const float s = lane < wpg ? scratch[j * 16 + g * wpg + lane] : 0.0f;
-    v[j] = warp_sum(s);
-  }
-}
-
-// Outputs and inputs as rmsnorm_fwd_fp8_kernel. tile_rows: kQRows when kCol, a multiple of
-// groups · KB in any case (every group runs the same number of batches, so all of its threads
-// reach the group barriers).
-template <int VPT, bool kCol, int KB>
-__global__ void __launch_bounds__(512)
-    rmsnorm_fwd_fp8_rows_kernel(uint16_t* __restrict__ y, float* __restrict__ rstd,
-                                const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
-                                int64_t n_rows, int d, float eps, int group_threads, int groups,
-                                int tile_rows, bool vec_t, ops_detail::Fp8Epilogue ep) {
-  extern __shared__ __align__(16) uint8_t tile[];  // [kQRows][d + 4] codes (kCol only)
-  __shared__ float scratch[KB * 16];               // [KB][16 warps]
-  const int pitch = d + 4;                         // ≡ 4 (mod 8): see store_transposed
-  const int g = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
-  const int wpg = group_threads / kWarp;
-  const int64_t n0 = int64_t(blockIdx.x) * tile_rows;
-  const float scale = *ep.scale;
-  Raw<8> wv[VPT];
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int c = (t + k * group_threads) * 8;
-    if (c < d) {
-      wv[k].load(w + c);
-    } else {
-      wv[k].zero();
-    }
-  }
-  float local_amax = 0.0f;
-  for (int r0 = g * KB; r0 < tile_rows; r0 += groups * KB) {
-    // Rows r0 .. r0 + KB of the tile, all loads issued before any is used (zeros past the tensor
-    // or the row: they add nothing to Σ x²).
-    Raw<8> xv[KB][VPT];
-#pragma unroll
-    for (int j = 0; j < KB; ++j) {
-      const int64_t row = n0 + r0 + j;
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        const int c = (t + k * group_threads) * 8;
-        if (row < n_rows && c < d) {
-          xv[j][k].load(x + row * d + c);
-        } else {
-          xv[j][k].zero();
-        }
-      }
-    }
-    float ss[KB];
-#pragma unroll
-    for (int j = 0; j < KB; ++j) ss[j] = sumsq_chunks<8, VPT>(xv[j]);
-    group_sum_batch<KB>(ss, scratch, g, wpg, group_threads);
-#pragma unroll
-    for (int j = 0; j < KB; ++j) {
-      const int r = r0 + j;
-      const int64_t row = n0 + r;
-      if (row >= n_rows) continue;
-      const float rs = rstd_of(ss[j], d, eps);
-      if (rstd != nullptr && t == 0) rstd[row] = rs;
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        const int c = (t + k * group_threads) * 8;
-        if (c >= d) continue;
-        uint32_t yb[4];  // y rounded to bf16 as rmsnorm_fwd stores it
-        float yv[8];     // the fp32 images of those bf16 values, what quantize() reads
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float lo = __fmul_rn(__fmul_rn(xv[j][k].get(2 * i), rs), wv[k].get(2 * i));
-          const float hi = __fmul_rn(__fmul_rn(xv[j][k].get(2 * i + 1), rs), wv[k].get(2 * i + 1));
-          yb[i] = pack_bf16x2(lo, hi);
-          yv[2 * i] = __uint_as_float(yb[i] << 16);
-          yv[2 * i + 1] = __uint_as_float(yb[i] & 0xFFFF0000u);
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) local_amax = amax_combine(local_amax, yv[i]);
-        if (y != nullptr) {
-          *reinterpret_cast<uint4*>(y + row * d + c) = make_uint4(yb[0], yb[1], yb[2], yb[3]);
-        }
-        const uint2 codes = fp8_codes8(yv, scale, ep.e5m2);
-        if (ep.q != nullptr) *reinterpret_cast<uint2*>(ep.q + row * d + c) = codes;
-        if constexpr (kCol) stage_codes8(tile, r * pitch + c, codes);
-      }
-    }
-  }
-  if constexpr (kCol) {
-    __syncthreads();  // the whole tile is staged
-    store_transposed<kQRows>(ep.qt, tile, pitch, n0, n_rows, 0, d, vec_t);
-  }
-  fp8_epilogue_finish<true>(local_amax, scale, ep);
-}
-
 // dx [N, D] bf16 and partial [gridDim.x, D] f32 (this block's Σ (x·rstd)·dout per column) from
 // dout, x [N, D] bf16, w [D] bf16, rstd [N] f32. blockDim = group_threads · groups.
 // Dynamic shared memory: D floats (the fold of the groups' partial sums).
@@ -577,10 +456,7 @@ bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorVi
   // Preconditions of the fused kernel (else the caller runs the composition): the 16-byte
   // vector path of rmsnorm_fwd (whose row sums it reproduces), at most 4 chunks per thread
   // (D ≤ 16384; registers), and the columnwise tile within the shared memory of a block.
-  if (n == 0 || n >= (int64_t(1) << 31) || d % 8 != 0 || d > 16384 || !aligned16(xp) ||
-      !aligned16(wp)) {
-    return false;
-  }
+  if (n == 0 || d % 8 != 0 || d > 16384 || !aligned16(xp) || !aligned16(wp)) return false;
   if (yp != nullptr && !aligned16(yp)) return false;
   const RowPlan p = plan_row(d, true, "rmsnorm_fwd_quantize");
   const bool col = cfg.columnwise;
@@ -590,40 +466,15 @@ bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorVi
                                            ctx.device().index));
   if (smem + 1024 > size_t(max_smem)) return false;  // 1 KiB: the static shared arrays
 
-  const Fp8Epilogue ep = fp8_epilogue_outputs(ctx, cfg, n, d, out);
+  const Fp8Epilogue ep = fp8_epilogue_outputs(cfg, n, d, ctx.device(), out);
   // Groups of p.threads threads, a power of two of them (so that they divide kQRows) in at most
   // 512 threads: D 768 → 4 × 96, D 2048 → 2 × 256.
   int groups = 1;
   while (groups < 8 && groups * 2 * p.threads <= 512) groups *= 2;
   const int threads = groups * p.threads;
   const bool vec_t = n % 16 == 0 && aligned16(ep.qt);
-  cudaStream_t s = ctx.stream();
-  if (!ops_old_kernels()) {
-    // Rows in flight per group: 4 (2 without the tile) at one chunk per thread, fewer for wider
-    // rows (registers: KB · VPT uint4 of x per thread).
-    const int kb = p.vpt == 1 ? (col ? 4 : 2) : p.vpt == 2 ? 2 : 1;
-    const int tile_rows = col ? kQRows : groups * kb;
-    const dim3 grid(static_cast<unsigned>(ceil_div(n, tile_rows)));
-    auto launch = [&](auto kernel) {
-      if (smem > 48 * 1024) {
-        LOWBIT_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      }
-      kernel<<<grid, threads, smem, s>>>(yp, rp, xp, wp, n, int(d), eps, p.threads, groups,
-                                         tile_rows, vec_t, ep);
-    };
-    switch (p.vpt * 2 + (col ? 1 : 0)) {
-      case 2: launch(rmsnorm_fwd_fp8_rows_kernel<1, false, 2>); break;
-      case 3: launch(rmsnorm_fwd_fp8_rows_kernel<1, true, 4>); break;
-      case 4: launch(rmsnorm_fwd_fp8_rows_kernel<2, false, 2>); break;
-      case 5: launch(rmsnorm_fwd_fp8_rows_kernel<2, true, 2>); break;
-      case 8: launch(rmsnorm_fwd_fp8_rows_kernel<4, false, 1>); break;
-      default: launch(rmsnorm_fwd_fp8_rows_kernel<4, true, 1>); break;
-    }
-    LOWBIT_CUDA_CHECK_LAUNCH();
-    return true;
-  }
   const dim3 grid(static_cast<unsigned>(ceil_div(n, kQRows)));
+  cudaStream_t s = ctx.stream();
   auto launch = [&](auto kernel) {
     if (smem > 48 * 1024) {
       LOWBIT_CUDA_CHECK(
@@ -654,16 +505,10 @@ void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
   const uint16_t* wp = w.ptr<const uint16_t>();
   const bool vec = d % 8 == 0 && aligned16(dxp) && aligned16(dyp) && aligned16(xp) && aligned16(wp);
   const RowPlan p = plan_row(d, vec, "rmsnorm_bwd");
-  // Up to 8 groups of p.threads in a block of at most 1024 threads (512 under
-  // LOWBIT_OPS_KERNELS=old); rows per block a multiple of the group count, so that at most 256
-  // partial rows are written (a few percent of the traffic; on H100 fewer, longer blocks measured
-  // faster than more, shorter ones). Each group works through its rows one after the other with
-  // one row of look-ahead, so the rows in flight are 2 · groups per block: at N = 16384 the grid
-  // is about 256 blocks, under two per SM, and 512 threads left D 768 with 5 groups (13 dependent
-  // rows each) and D 2048 with 2 (32 each). 1024 threads: 8 groups of 8 rows at D 768, 4 groups of
-  // 16 rows at D 2048, twice the bytes in flight for the same number of partial rows.
-  const int max_threads = ops_old_kernels() ? 512 : 1024;
-  const int groups = std::clamp(max_threads / p.threads, 1, 8);
+  // Up to 8 groups of p.threads in a block of at most 512 threads; rows per block a multiple of
+  // the group count, so that at most 256 partial rows are written (a few percent of the traffic;
+  // on H100 fewer, longer blocks measured faster than more, shorter ones).
+  const int groups = std::clamp(512 / p.threads, 1, 8);
   const int64_t rows_per_block = ceil_div(std::max<int64_t>(ceil_div(n, 256), 1), groups) * groups;
   const int64_t blocks = ceil_div(n, rows_per_block);
   float* partial = static_cast<float*>(ctx.workspace(size_t(blocks) * size_t(d) * sizeof(float)));

@@ -172,7 +172,7 @@ bool swiglu_fwd_quantize_cuda(Context& ctx, const TensorView& h, const TensorVie
   // chunks with 16-byte aligned rows, and a grid that fits (F ≤ 65535 · 128).
   if (n == 0 || f % 8 != 0 || !aligned16(gu) || (hp != nullptr && !aligned16(hp))) return false;
   if (ceil_div(f, kTK) > 65535 || ceil_div(n, kTM) >= (int64_t(1) << 31)) return false;
-  const Fp8Epilogue ep = fp8_epilogue_outputs(ctx, cfg, n, f, out);
+  const Fp8Epilogue ep = fp8_epilogue_outputs(cfg, n, f, ctx.device(), out);
   const bool vec_t = n % 16 == 0 && aligned16(ep.qt);
   const dim3 grid(static_cast<unsigned>(ceil_div(n, kTM)), static_cast<unsigned>(ceil_div(f, kTK)));
   if (cfg.columnwise) {
