@@ -6,7 +6,9 @@
 // as packed rows. NVFP4 needs the global amax first, so it runs twice over the tile grid: an
 // amax pass (plain amax and, for RHT copies, the amax after the transform), then the quantize
 // pass. Every number comes from the shared scale math (quant/scale_math.h, quant/hadamard16.h),
-// so the results equal the CPU twin bit for bit.
+// so the results equal the CPU twin bit for bit. v10 adds, for bf16 full tiles, an NVFP4 1×16
+// quantize pass and an MXFP8 kernel that stage bf16 granules instead of fp32 scalars (see the
+// comments at nvfp4_quant_v10_kernel and mx8_v10_kernel).
 #include <type_traits>
 
 #include "lowbit/core/cuda_check.h"
@@ -386,6 +388,196 @@ __global__ void __launch_bounds__(kThreads)
   block_amax_to_global(ca, amax_col);
 }
 
+// ---- NVFP4 quantize pass, v10: 1×16 blocks, bf16 source, full 128×64 tiles ----------------------
+//
+// Thread block: a 128 (M) × 64 (K) tile, 256 threads.
+//  * Loads: thread t owns the rowwise blocks (row t/4 + 64j, K-block t%4), j = 0, 1: two
+//    16-byte loads each, all four in flight before any use. The rowwise copy is quantized
+//    straight from these registers and stored as 8 bytes per block (4 lanes write a row's 32
+//    contiguous bytes).
+//  * The tile is staged in shared memory as bf16 16-byte granules (16 KB, one STS.128 per 8
+//    elements): row r keeps granule g at g ^ (r & 1), so that the two rows of a quarter-warp
+//    store land on different banks; a row read as 32 words still touches every bank once.
+//  * Columnwise: thread (pair p = lane, M-block mb = warp) reads the 16 words of its rows that
+//    hold columns 2p and 2p + 1 (one LDS.32 per two elements, conflict-free), transforms and
+//    quantizes both 16-element chunks, and stages the two packed code words (one STS.128) and
+//    scales; then thread (k = t/4, q = t%4) writes 16 bytes of transposed row k (4 lanes: 64
+//    contiguous bytes) and two scale bytes.
+//  * RN elements by e2m1_rn_fast (one fp32 add instead of seven compares); the RHT rounding by
+//    cvt.rn.bf16x2, two columns per instruction, with the "+0 for a zero result" of the
+//    definition folded into the scaling as RN(y · m + 0) (equal to RN(y · m) except that a zero
+//    product is +0, and a zero y gives a zero product: m is finite and positive).
+// Every value is computed by the same operations as in nvfp4_kernel (v9), element by element,
+// and the stochastic-rounding streams use the same indices (quantize_block).
+constexpr int kV10M = 128;  // tile rows (M)
+constexpr int kV10K = 64;   // tile columns (K): 8 granules of 8 bf16
+
+struct Nvfp4V10Smem {
+  uint4 tile[kV10M][kV10K / 8];        // bf16 granules, swizzled: [r][g ^ (r & 1)]
+  uint64_t cp[kV10M / 16][kV10K];      // packed column codes [mb][k ^ 4·(mb / 2)]
+  uint16_t cs[kV10M / 16][kV10K / 2];  // column scales [mb][k / 2], two per word (k even low)
+  Nvfp4GlobalScale g[2];
+};
+
+__device__ __forceinline__ float fma_rn_zero(float a, float b) {  // RN(a · b + 0), never fused away
+  float r;
+  asm("fma.rn.f32 %0, %1, %2, 0f00000000;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// 16 values → 16 packed E2M1 codes (element i in nibble i) of RN(v·mult) (kZeroFix: RN(v·mult+0)),
+// or with stochastic rounding from the Philox stream at indices idx0 + i.
+template <bool kSR, bool kZeroFix>
+__device__ __forceinline__ uint64_t nvfp4_codes16(float (&v)[16], float mult, RngKey key,
+                                                  int64_t idx0) {
+  if constexpr (kSR) {
+    if constexpr (kZeroFix) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = __fadd_rn(v[i], 0.0f);
+    }
+    uint8_t codes[16];
+    quantize_block<16, DType::kE2M1, true>(v, mult, key, idx0, 1, codes);
+    return pack_e2m1x16(codes);
+  } else {
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float p = kZeroFix ? fma_rn_zero(v[i], mult) : mul_rn(v[i], mult);
+      const uint32_t c = e2m1_rn_fast(p);
+      if (i < 8) {
+        lo |= c << (4 * i);
+      } else {
+        hi |= c << (4 * (i - 8));
+      }
+    }
+    return (uint64_t(hi) << 32) | lo;
+  }
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+// Preconditions (checked by the launcher): !two_d, M % 128 == 0, K % 64 == 0, x 16-byte aligned;
+// rowwise and columnwise outputs as in nvfp4_kernel.
+template <bool kSR>
+__global__ void __launch_bounds__(kThreads, 3)
+    nvfp4_quant_v10_kernel(const uint16_t* __restrict__ x, Nvfp4Args a) {
+  __shared__ Nvfp4V10Smem s;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t m0 = int64_t(blockIdx.x) * kV10M, k0 = int64_t(blockIdx.y) * kV10K;
+  const int rb = t & 3;  // rowwise K-block of this thread
+  uint4 raw[2][2];       // [j][half]: row t/4 + 64j, granules 2·rb + half
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const uint16_t* p = x + (m0 + (t >> 2) + 64 * j) * a.K + k0 + 16 * rb;
+    raw[j][0] = *reinterpret_cast<const uint4*>(p);
+    raw[j][1] = *reinterpret_cast<const uint4*>(p + 8);
+  }
+  if (t == 0) {
+    s.g[0] = nvfp4_global_scale(*a.amax_row);
+    if (a.columnwise) s.g[1] = nvfp4_global_scale(*a.amax_col);
+  }
+  if (a.columnwise) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = (t >> 2) + 64 * j;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) s.tile[r][(2 * rb + h) ^ (r & 1)] = raw[j][h];
+    }
+  }
+  __syncthreads();
+
+  if (a.rowwise) {
+    const Nvfp4GlobalScale g = s.g[0];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int64_t m = m0 + (t >> 2) + 64 * j;
+      const uint32_t w[8] = {raw[j][0].x, raw[j][0].y, raw[j][0].z, raw[j][0].w,
+                             raw[j][1].x, raw[j][1].y, raw[j][1].z, raw[j][1].w};
+      float v[16];
+      float am = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[2 * i] = bf16_lo(w[i]);
+        v[2 * i + 1] = bf16_hi(w[i]);
+        am = amax_combine(am, v[2 * i]);
+        am = amax_combine(am, v[2 * i + 1]);
+      }
+      const uint8_t sd = block_scale_fast(am, g.k);
+      const float mult = nvfp4_block_multiplier(sd, g.s_dec);
+      const int64_t idx0 = m * a.K + k0 + 16 * rb;
+      const uint64_t packed = nvfp4_codes16<kSR, false>(v, mult, a.row_key, idx0);
+      *reinterpret_cast<uint64_t*>(a.q + idx0 / 2) = packed;
+      a.q_scale[m * (a.K / 16) + k0 / 16 + rb] = sd;
+    }
+  }
+
+  if (a.columnwise) {
+    const Nvfp4GlobalScale g = s.g[1];
+    const int p = lane, mb = warp;  // columns 2p, 2p + 1; rows 16·mb .. +16
+    float va[16], vb[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int r = mb * 16 + i;
+      const uint32_t w = reinterpret_cast<const uint32_t*>(&s.tile[r][(p >> 2) ^ (r & 1)])[p & 3];
+      va[i] = bf16_lo(w);
+      vb[i] = bf16_hi(w);
+    }
+    uint64_t ca, cb;
+    uint8_t sda, sdb;
+    if (a.rht) {
+      rht16_butterfly_f32(va);
+      rht16_butterfly_f32(vb);
+      float ama = 0.0f, amb = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        uint32_t pair;  // vb[i] in the high half, va[i] in the low half, each RN to bf16
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(vb[i]), "f"(va[i]));
+        va[i] = bf16_lo(pair);
+        vb[i] = bf16_hi(pair);
+        ama = amax_combine(ama, va[i]);
+        amb = amax_combine(amb, vb[i]);
+      }
+      sda = block_scale_fast(ama, g.k);
+      sdb = block_scale_fast(amb, g.k);
+      const int64_t idx_a = (k0 + 2 * p) * a.M + m0 + 16 * mb;
+      ca = nvfp4_codes16<kSR, true>(va, nvfp4_block_multiplier(sda, g.s_dec), a.col_key, idx_a);
+      cb = nvfp4_codes16<kSR, true>(vb, nvfp4_block_multiplier(sdb, g.s_dec), a.col_key,
+                                    idx_a + a.M);
+    } else {
+      float ama = 0.0f, amb = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        ama = amax_combine(ama, va[i]);
+        amb = amax_combine(amb, vb[i]);
+      }
+      sda = block_scale_fast(ama, g.k);
+      sdb = block_scale_fast(amb, g.k);
+      const int64_t idx_a = (k0 + 2 * p) * a.M + m0 + 16 * mb;
+      ca = nvfp4_codes16<kSR, false>(va, nvfp4_block_multiplier(sda, g.s_dec), a.col_key, idx_a);
+      cb = nvfp4_codes16<kSR, false>(vb, nvfp4_block_multiplier(sdb, g.s_dec), a.col_key,
+                                     idx_a + a.M);
+    }
+    const int ks = (2 * p) ^ ((mb >> 1) << 2);  // even: bit 0 is never swizzled
+    *reinterpret_cast<ulonglong2*>(&s.cp[mb][ks]) = make_ulonglong2(ca, cb);
+    s.cs[mb][p] = uint16_t(sda | (uint32_t(sdb) << 8));
+    __syncthreads();
+    // Transposed row k of the tile: 64 bytes of codes (M-blocks 0..7) and 8 scale bytes.
+    const int k = t >> 2, q = t & 3;
+    const int kz = k ^ (q << 2);  // the swizzle of M-blocks 2q and 2q + 1
+    const uint64_t lo = s.cp[2 * q][kz], hi = s.cp[2 * q + 1][kz];
+    const uint16_t* cs16 = &s.cs[0][0];
+    const uint32_t sc_lo =
+        uint32_t(cs16[(2 * q) * (kV10K / 2) + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
+    const uint32_t sc_hi =
+        uint32_t(cs16[(2 * q + 1) * (kV10K / 2) + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
+    *reinterpret_cast<ulonglong2*>(a.qt + (k0 + k) * (a.M / 2) + m0 / 2 + 16 * q) =
+        make_ulonglong2(lo, hi);
+    *reinterpret_cast<uint16_t*>(a.qt_scale + (k0 + k) * (a.M / 16) + m0 / 16 + 2 * q) =
+        uint16_t(sc_lo | (sc_hi << 8));
+  }
+}
+
 // ---- MX
 // ------------------------------------------------------------------------------------------
 
@@ -452,6 +644,98 @@ __global__ void __launch_bounds__(kThreads) mx_kernel(const T* __restrict__ x, M
   if (a.columnwise) store_codes(s.cc, kType, a.qc, a.M, a.K, m0, k0);
 }
 
+// MXFP8 v10: E4M3/E5M2, round to nearest, bf16 source, full 64×64 tiles. Thread t loads row
+// t/4, granules 2·(t%4) and +1 (32 contiguous bytes, all loads in flight before any use); a
+// rowwise 1×32 block is held by lanes t, t^1 (amax combined by one shuffle), each quantizes its
+// 16 elements from registers and stores 16 bytes (4 lanes: a row's 64 bytes).
+// Columnwise 32×1 blocks: the tile is staged as bf16 granules, row r keeping granule g at
+// g ^ (r & 1) ^ 2·((r / 8) % 4); thread task = column pair p (one 4-byte word per row),
+// M-block mb, rows 8·qq .. +8 of the block (lane = qq + 4·(p % 8), so the 4 quarters of a
+// block are lanes of one warp: amax by two shuffles; the 4 rows a warp reads per instruction
+// then lie on different banks). Column codes are staged per row (16-byte chunk c of row r at
+// c ^ ((r / 8) % 4)) and written as 16 bytes per thread. Every value is the same operation on
+// the same operands as in mx_kernel (v8).
+template <bool kE5M2>
+__global__ void __launch_bounds__(kThreads)
+    mx8_v10_kernel(const uint16_t* __restrict__ x, MxArgs a) {
+  constexpr DType kType = kE5M2 ? DType::kE5M2 : DType::kE4M3;
+  __shared__ uint4 tile[kT][kT / 8];  // bf16 granules, swizzled (8 KB)
+  __shared__ uint4 cc[kT][kT / 16];   // columnwise codes, 16-byte chunks, swizzled (4 KB)
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t m0 = int64_t(blockIdx.x) * kT, k0 = int64_t(blockIdx.y) * kT;
+  const int r = t >> 2, c4 = t & 3;  // row, 16-element piece of the row
+  const uint16_t* src = x + (m0 + r) * a.K + k0 + 16 * c4;
+  const uint4 raw0 = *reinterpret_cast<const uint4*>(src);
+  const uint4 raw1 = *reinterpret_cast<const uint4*>(src + 8);
+  if (a.columnwise) {
+    const int sw = (r & 1) ^ (((r >> 3) & 3) << 1);
+    tile[r][(2 * c4) ^ sw] = raw0;
+    tile[r][(2 * c4 + 1) ^ sw] = raw1;
+  }
+  if (a.rowwise) {
+    const uint32_t w[8] = {raw0.x, raw0.y, raw0.z, raw0.w, raw1.x, raw1.y, raw1.z, raw1.w};
+    float v[16];
+    float am = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[2 * i] = __uint_as_float(w[i] << 16);
+      v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+      am = amax_combine(am, v[2 * i]);
+      am = amax_combine(am, v[2 * i + 1]);
+    }
+    am = fmax_num(am, __shfl_xor_sync(0xFFFFFFFFu, am, 1));
+    const uint8_t e = mx_scale(am, kType, a.rounding);
+    const float mult = mx_multiplier(e);
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t p0 = cvt_fp8x2(mul_rn(v[4 * i], mult), mul_rn(v[4 * i + 1], mult), kE5M2);
+      const uint32_t p1 = cvt_fp8x2(mul_rn(v[4 * i + 2], mult), mul_rn(v[4 * i + 3], mult), kE5M2);
+      o[i] = p0 | (p1 << 16);
+    }
+    *reinterpret_cast<uint4*>(a.q + (m0 + r) * a.K + k0 + 16 * c4) =
+        make_uint4(o[0], o[1], o[2], o[3]);
+    if ((t & 1) == 0) a.q_scale[(m0 + r) * (a.K / 32) + k0 / 32 + (c4 >> 1)] = e;
+  }
+  if (!a.columnwise) return;
+  __syncthreads();
+  const int qq = lane & 3, p = 8 * (warp & 3) + (lane >> 2), mb = warp >> 2;
+  float va[8], vb[8];
+  float ama = 0.0f, amb = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int rr = 32 * mb + 8 * qq + i;
+    const int sw = (rr & 1) ^ (((rr >> 3) & 3) << 1);
+    const uint32_t w = reinterpret_cast<const uint32_t*>(&tile[rr][(p >> 2) ^ sw])[p & 3];
+    va[i] = __uint_as_float(w << 16);
+    vb[i] = __uint_as_float(w & 0xFFFF0000u);
+    ama = amax_combine(ama, va[i]);
+    amb = amax_combine(amb, vb[i]);
+  }
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    ama = fmax_num(ama, __shfl_xor_sync(0xFFFFFFFFu, ama, o));
+    amb = fmax_num(amb, __shfl_xor_sync(0xFFFFFFFFu, amb, o));
+  }
+  const uint8_t ea = mx_scale(ama, kType, a.rounding), eb = mx_scale(amb, kType, a.rounding);
+  const float ma = mx_multiplier(ea), mbm = mx_multiplier(eb);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int rr = 32 * mb + 8 * qq + i;
+    const uint32_t pair = cvt_fp8x2(mul_rn(va[i], ma), mul_rn(vb[i], mbm), kE5M2);
+    // Byte 2p of row rr: chunk p / 8, offset 2·(p % 8) in it.
+    uint8_t* row = reinterpret_cast<uint8_t*>(&cc[rr][0]);
+    *reinterpret_cast<uint16_t*>(row + 16 * ((p >> 3) ^ ((rr >> 3) & 3)) + 2 * (p & 7)) =
+        uint16_t(pair);
+  }
+  if (qq == 0) {
+    *reinterpret_cast<uint16_t*>(a.qc_scale + (m0 / 32 + mb) * a.K + k0 + 2 * p) =
+        uint16_t(ea | (uint32_t(eb) << 8));
+  }
+  __syncthreads();
+  *reinterpret_cast<uint4*>(a.qc + (m0 + r) * a.K + k0 + 16 * c4) = cc[r][c4 ^ ((r >> 3) & 3)];
+}
+
 template <typename K>
 void set_smem(K kern) {
   LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -475,7 +759,11 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
                              : nvfp4_kernel<T, Pass::kQuantize, false, true>)
                        : (sr ? nvfp4_kernel<T, Pass::kQuantize, true, false>
                              : nvfp4_kernel<T, Pass::kQuantize, false, false>);
-  set_smem(quant_pass);
+  // v10 (default): bf16, 1×16 blocks, full 128×64 tiles, 16-byte aligned source; v9/v8 for every
+  // other case and under LOWBIT_QUANT_KERNELS=v9 / v8.
+  const bool v10 = quant_kernels_version() >= 10 && std::is_same_v<T, uint16_t> && !two_d &&
+                   M % kV10M == 0 && K % kV10K == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (!v10) set_smem(quant_pass);
   if (!amax_ready) {
     const bool v9_amax = v9 && std::is_same_v<T, uint16_t> && M % 16 == 0 && K % 8 == 0 &&
                          reinterpret_cast<uintptr_t>(x) % 16 == 0;
@@ -490,7 +778,17 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
     }
     LOWBIT_CUDA_CHECK_LAUNCH();
   }
-  quant_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
+  if (v10) {
+    const dim3 grid10(unsigned(M / kV10M), unsigned(K / kV10K));
+    const auto* xb = reinterpret_cast<const uint16_t*>(x);
+    if (sr) {
+      nvfp4_quant_v10_kernel<true><<<grid10, kThreads, 0, stream>>>(xb, a);
+    } else {
+      nvfp4_quant_v10_kernel<false><<<grid10, kThreads, 0, stream>>>(xb, a);
+    }
+  } else {
+    quant_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
+  }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -513,6 +811,19 @@ void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, boo
   if (M == 0 || K == 0) return;
   const dim3 grid(unsigned(ceil_div(M, kT)), unsigned(ceil_div(K, kT)));
   MxArgs a{M, K, t, rounding, rowwise, columnwise, sr, row_key, col_key, q, q_scale, qc, qc_scale};
+  // v10 (default): MXFP8 with round to nearest, bf16, full 64×64 tiles, 16-byte aligned source.
+  if (quant_kernels_version() >= 10 && std::is_same_v<T, uint16_t> && !sr &&
+      (t == DType::kE4M3 || t == DType::kE5M2) && M % kT == 0 && K % kT == 0 &&
+      reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const auto* xb = reinterpret_cast<const uint16_t*>(x);
+    if (t == DType::kE5M2) {
+      mx8_v10_kernel<true><<<grid, kThreads, 0, stream>>>(xb, a);
+    } else {
+      mx8_v10_kernel<false><<<grid, kThreads, 0, stream>>>(xb, a);
+    }
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   switch (t) {
     case DType::kE4M3: launch_mx<T, DType::kE4M3>(x, a, grid, stream); break;
     case DType::kE5M2: launch_mx<T, DType::kE5M2>(x, a, grid, stream); break;

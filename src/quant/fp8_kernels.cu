@@ -513,13 +513,17 @@ int grid_for(int64_t n) {
 
 }  // namespace
 
-bool legacy_kernels() {
-  static const bool legacy = [] {
+int quant_kernels_version() {
+  static const int version = [] {
     const char* env = std::getenv("LOWBIT_QUANT_KERNELS");
-    return env != nullptr && std::string_view(env) == "v8";
+    if (env == nullptr) return 10;
+    const std::string_view v(env);
+    return v == "v8" ? 8 : v == "v9" ? 9 : 10;
   }();
-  return legacy;
+  return version;
 }
+
+bool legacy_kernels() { return quant_kernels_version() == 8; }
 
 template <typename T>
 void amax(const T* x, int64_t n, float* amax_out, cudaStream_t stream) {

@@ -18,10 +18,12 @@ void quantize_cuda(Context& ctx, const TensorView& x, const QuantConfig& cfg,
 
 namespace lowbit::quant_cuda {
 
-// Kernel generation, chosen once per process for A/B runs on hardware: LOWBIT_QUANT_KERNELS=v8
-// selects the previous kernels (FP8 block scaling, the NVFP4 amax and quantize passes; see
-// bench/NOTES-quant.md), anything else the current ones. Results are byte-identical either way.
-bool legacy_kernels();
+// Kernel generation, chosen once per process for A/B runs on hardware (bench/NOTES-quant.md):
+// LOWBIT_QUANT_KERNELS=v8 selects the v8 kernels (FP8 block scaling, the NVFP4 amax and quantize
+// passes, MX), =v9 the v9 ones (v10's NVFP4 quantize pass and MXFP8 kernel off), anything else
+// the current ones. Results are byte-identical either way.
+int quant_kernels_version();  // 8, 9 or 10 (default)
+bool legacy_kernels();        // quant_kernels_version() == 8
 
 // *amax_out = max(*amax_out, max |x|) over n elements (NaN skipped).
 template <typename T>
