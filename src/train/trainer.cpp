@@ -423,18 +423,30 @@ TrainResult train(const TrainOptions& options) {
                   ? fmt::format("; {} steps skipped (non-finite)", result.skipped_steps).c_str()
                   : "");
 
-  if (opt.sample_tokens > 0) {
-    // Temperature 0.8, top-k 40 sample from the prompt, recomputing the whole window per token
-    // (short samples; `lowbit generate` is the KV-cached path).
-    std::vector<int32_t> ids = data.encode(opt.sample_prompt);
+  std::vector<int32_t> ids = data.encode(opt.sample_prompt);
+  if (opt.sample_tokens > 0 && !ids.empty()) {
+    // Temperature 0.8, top-k 40 sample from the prompt, decoded with a KV cache (BF16 compute
+    // weights): the prompt once, then one token per step; a full cache restarts from the last
+    // 3/4 of the window.
     const size_t prompt_len = ids.size();
     Sampler rng{opt.seed ^ 0x9E3779B97F4A7C15ULL};
     const int64_t V = data.vocab_size();
+    KvCache cache(ctx, mcfg, 1);
+    auto feed = [&](size_t n) {  // runs the last n ids through the cache
+      Tensor tok = Tensor::empty({1, int64_t(n)}, DType::kI32, Device::cpu());
+      std::copy(ids.end() - int64_t(n), ids.end(), tok.ptr<int32_t>());
+      return model.decode(tok, 1, static_cast<int>(n), cache);
+    };
+    std::vector<float> logits = feed(std::min<size_t>(ids.size(), size_t(cache.capacity())));
     for (int i = 0; i < opt.sample_tokens; ++i) {
-      const int n = static_cast<int>(std::min<size_t>(ids.size(), size_t(mcfg.max_seq_len)));
-      Tensor tok = Tensor::empty({1, n}, DType::kI32, Device::cpu());
-      std::copy(ids.end() - n, ids.end(), tok.ptr<int32_t>());
-      std::vector<float> logits = model.last_logits(tok, 1, n);
+      if (i > 0) {
+        if (cache.length() >= cache.capacity()) {
+          cache.reset();
+          logits = feed(std::max<size_t>(1, size_t(cache.capacity()) * 3 / 4));
+        } else {
+          logits = feed(1);
+        }
+      }
       std::vector<int> order(V);
       for (int64_t v = 0; v < V; ++v) order[v] = static_cast<int>(v);
       const int k = static_cast<int>(std::min<int64_t>(40, V));
