@@ -15,6 +15,7 @@
 
 #include "ops/attention_cache_impl.h"
 #include "ops/ops_check.h"
+#include "ops/parallel_for.h"
 
 namespace lowbit::attn {
 
@@ -26,26 +27,6 @@ using ops_detail::store_row;
 // Element offset of row (b, t, h) of a [B, T, heads, Dh] view.
 int64_t row_off(const TensorView& t, int64_t b, int64_t i, int64_t h) {
   return b * t.strides[0] + i * t.strides[1] + h * t.strides[2];
-}
-
-// fn(i) for every i in [0, n), spread over the machine's threads (tasks write disjoint outputs,
-// so the result does not depend on the thread count).
-template <typename Fn>
-void parallel_for(int64_t n, Fn fn) {
-  const int64_t workers =
-      std::min<int64_t>(n, std::max<int64_t>(1, std::thread::hardware_concurrency()));
-  if (workers <= 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(workers));
-  for (int64_t w = 0; w < workers; ++w) {
-    pool.emplace_back([&fn, w, workers, n] {
-      for (int64_t i = w; i < n; i += workers) fn(i);
-    });
-  }
-  for (auto& th : pool) th.join();
 }
 
 }  // namespace
