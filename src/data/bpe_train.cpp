@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "data/data_util.h"
 #include "data/pretokenize.h"
 #include "lowbit/core/error.h"
 #include "lowbit/data/tokenizer.h"
@@ -21,20 +22,11 @@ namespace lowbit::data {
 
 namespace {
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-struct StringEq {
-  using is_transparent = void;
-  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
-};
-
-uint64_t pair_key(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
-}
-int32_t key_left(uint64_t k) { return static_cast<int32_t>(k >> 32); }
-int32_t key_right(uint64_t k) { return static_cast<int32_t>(k & 0xFFFFFFFFu); }
+using detail::key_left;
+using detail::key_right;
+using detail::pair_key;
+using detail::StringEq;
+using detail::StringHash;
 
 struct HeapEntry {
   int64_t count;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -64,5 +65,22 @@ inline void write_file_atomic(const std::string& path, std::string_view content)
   const Piece p{content.data(), content.size()};
   write_file_atomic(path, &p, 1);
 }
+
+// Hash and equality that let an unordered_map<std::string, V> be searched with a string_view.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+struct StringEq {
+  using is_transparent = void;
+  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
+};
+
+// A pair of token ids (a BPE merge candidate) as one 64-bit key: left in the high half.
+inline uint64_t pair_key(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+inline int32_t key_left(uint64_t k) { return static_cast<int32_t>(k >> 32); }
+inline int32_t key_right(uint64_t k) { return static_cast<int32_t>(k & 0xFFFFFFFFu); }
 
 }  // namespace lowbit::data::detail

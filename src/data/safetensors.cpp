@@ -1,19 +1,18 @@
 // safetensors reader and atomic writer (include/lowbit/data/safetensors.h).
 #include "lowbit/data/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "data/data_util.h"
 #include "lowbit/core/error.h"
 
 namespace lowbit::data {
@@ -215,51 +214,15 @@ void write_safetensors(const std::string& path, const SafeTensorsFile& f) {
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  const std::string tmp = fmt::format("{}.tmp-{}", path, static_cast<long>(::getpid()));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  LOWBIT_USER_CHECK(fd >= 0, "{}: cannot create the temporary file {}: {}", path, tmp,
-                    errno_text());
-  auto fail = [&](const std::string& what) {
-    const std::string err = errno_text();
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw UserError(fmt::format("{}: {} failed: {}", path, what, err));
-  };
-  auto write_all = [&](const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(fd, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail(fmt::format("writing {}", tmp));
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  };
   uint8_t len_bytes[8];
   uint64_t n = text.size();
   for (int i = 0; i < 8; ++i, n >>= 8) len_bytes[i] = static_cast<uint8_t>(n & 0xFF);
-  write_all(len_bytes, 8);
-  write_all(text.data(), text.size());
-  for (const auto& [name, t] : f.tensors) write_all(t.data.data(), t.data.size());
-  if (::fsync(fd) != 0) fail(fmt::format("fsync of {}", tmp));
-  if (::close(fd) != 0) {
-    const std::string err = errno_text();
-    ::unlink(tmp.c_str());
-    throw UserError(fmt::format("{}: closing {} failed: {}", path, tmp, err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = errno_text();
-    ::unlink(tmp.c_str());
-    throw UserError(fmt::format("{}: renaming {} onto it failed: {}", path, tmp, err));
-  }
-  // Make the rename durable: fsync the directory (best effort).
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  std::vector<detail::Piece> pieces;  // length, header, then every tensor's bytes
+  pieces.reserve(2 + f.tensors.size());
+  pieces.push_back({len_bytes, 8});
+  pieces.push_back({text.data(), text.size()});
+  for (const auto& [name, t] : f.tensors) pieces.push_back({t.data.data(), t.data.size()});
+  detail::write_file_atomic(path, pieces.data(), pieces.size());
 }
 
 }  // namespace lowbit::data

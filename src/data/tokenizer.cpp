@@ -19,21 +19,10 @@ namespace lowbit::data {
 
 namespace {
 
+using detail::pair_key;
+using detail::StringEq;
+using detail::StringHash;
 using nlohmann::json;
-
-// Hash and equality that let an unordered_map<std::string, V> be searched with a string_view.
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-struct StringEq {
-  using is_transparent = void;
-  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
-};
-
-uint64_t pair_key(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
-}
 
 // The regexes of the two pre-tokenizers, as Hugging Face tokenizer.json files spell them.
 constexpr std::string_view kGpt2Regex =
