@@ -25,7 +25,7 @@ void quant_clip_stats(Context& ctx, const TensorView& x, const QuantizedTensor& 
   const bool nvfp4 = q.mode == ScalingMode::kNVFP4_1x16 || q.mode == ScalingMode::kNVFP4_16x16;
   LOWBIT_USER_CHECK(!nvfp4 || q.amax.defined(), "quant_clip_stats: {} has no global amax", q.str());
   ClipStatsView v;
-  v.mode = static_cast<int>(q.mode);
+  v.mode = q.mode;
   v.dtype = q.dtype;
   v.m = q.shape[0];
   v.k = q.shape[1];

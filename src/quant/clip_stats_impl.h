@@ -6,6 +6,7 @@
 
 #include "lowbit/core/hd.h"
 #include "lowbit/formats.h"
+#include "lowbit/quant.h"
 #include "lowbit/quant/layout.h"
 #include "lowbit/quant/scale_math.h"
 
@@ -14,7 +15,7 @@ namespace lowbit {
 // What the kernel and the twin need of a rowwise copy [M, K] (row-major codes; E2M1 packed two
 // per byte, low nibble first).
 struct ClipStatsView {
-  int mode;  // ScalingMode
+  ScalingMode mode;
   DType dtype;
   int64_t m, k;
   const uint8_t* codes;
@@ -62,20 +63,21 @@ LOWBIT_HD uint32_t clip_stats_code(const ClipStatsView& v, int64_t idx) {
 
 // The dequantization factor (scale_inv) of element (r, c), as dequantize() applies it.
 LOWBIT_HD float clip_stats_factor(const ClipStatsView& v, int64_t r, int64_t c) {
-  switch (static_cast<int>(v.mode)) {
-    case 0:  // kPerTensor
-      return static_cast<const float*>(v.scale)[0];
-    case 1:  // kBlock1x128: VEC128 [ceil(K/128), pad4(M)]
+  switch (v.mode) {
+    case ScalingMode::kPerTensor: return static_cast<const float*>(v.scale)[0];
+    case ScalingMode::kBlock1x128:  // VEC128 [ceil(K/128), pad4(M)]
       return static_cast<const float*>(v.scale)[vec128_scale_index(r, c / 128, v.m)];
-    case 2:  // kBlock128x128
+    case ScalingMode::kBlock128x128:
       return static_cast<const float*>(
           v.scale)[blk128_scale_index(r / 128, c / 128, (v.k + 127) / 128)];
-    case 3:  // kMX1x32: [M, K/32] E8M0
+    case ScalingMode::kMX1x32:  // [M, K/32] E8M0
       return decode_e8m0(static_cast<const uint8_t*>(v.scale)[r * (v.k / 32) + c / 32]);
-    default:  // NVFP4: [M, K/16] UE4M3 and the global amax
+    case ScalingMode::kNVFP4_1x16:
+    case ScalingMode::kNVFP4_16x16:  // [M, K/16] UE4M3 and the global amax
       return nvfp4_dequant_factor(static_cast<const uint8_t*>(v.scale)[r * (v.k / 16) + c / 16],
                                   v.amax[0]);
   }
+  return 1.0f;
 }
 
 // Adds element (r, c) with source value x to {saturated, underflow}. A source element that is

@@ -93,5 +93,29 @@ TEST(GpuDelayedScaling, DefaultLengthUpdateWithoutContext) {
   EXPECT_EQ(gpu.dtype(), DType::kE5M2);
 }
 
+// The roll is a block per slot up to 12000 rows (the column staged in shared memory) and a
+// thread walking the column beyond: both lengths equal the CPU state step by step.
+TEST(GpuDelayedScaling, LongHistoriesAroundTheSharedMemoryLimit) {
+  ASSERT_GT(cuda_device_count(), 0);
+  for (int64_t len : {12000, 12001}) {
+    DelayedScalingConfig cfg;
+    cfg.history_len = len;
+    DelayedScalingState cpu(cfg, ScalingPass::kForward, 5, Device::cpu());
+    DelayedScalingState gpu(cfg, ScalingPass::kForward, 5, Device::cuda(0));
+    for (int step = 0; step < 4; ++step) {
+      for (int s = 0; s < 5; ++s) {
+        const float amax = s == 1 ? 0.0f : float((s + 2) * (5 - step)) * 1.5f;
+        cpu.record_amax(s, amax);
+        gpu.record_amax(s, amax);
+      }
+      cpu.update();
+      gpu.update();
+      EXPECT_TRUE(same_bytes(cpu.amax_history(), gpu.amax_history()))
+          << "L " << len << " step " << step;
+      EXPECT_TRUE(same_bytes(cpu.scale(), gpu.scale())) << "L " << len << " step " << step;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lowbit
