@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -112,13 +113,19 @@ PrecisionPlan resolve_precision(Recipe recipe, const ModelConfig& cfg,
 struct ParamInfo {
   std::string name;  // Hugging Face LLaMA name, e.g. "model.layers.3.self_attn.q_proj.weight"
   Shape shape;
-  int64_t offset = 0;  // in elements
+  int64_t offset = 0;           // in elements, into the [P] buffers
+  int64_t compute_offset = -1;  // in elements, into compute_all; -1: no persistent bf16 copy
   bool weight_decay = true;
+  bool has_compute() const { return compute_offset >= 0; }
 };
 
 class ParamArena {
  public:
-  ParamArena(const ModelConfig& cfg, Device dev);
+  // `keeps_compute(name)` says which parameters keep a persistent bf16 compute copy (all when
+  // empty). The others — weights that reach the GEMMs only quantized — are converted from the
+  // master copy when needed (LlamaModel quantizes them from a transient bf16 copy).
+  ParamArena(const ModelConfig& cfg, Device dev,
+             const std::function<bool(const std::string&)>& keeps_compute = {});
   const std::vector<ParamInfo>& params() const { return params_; }
   const std::vector<ParamSegment>& segments() const { return segments_; }
   int64_t size() const { return size_; }  // P
@@ -127,15 +134,18 @@ class ParamArena {
   // Views of parameter `i` (its shape) in each buffer.
   TensorView master(int i) const;   // f32
   TensorView grad(int i) const;     // f32
-  TensorView compute(int i) const;  // bf16
+  TensorView compute(int i) const;  // bf16; the parameter must have a copy (has_compute())
   // A contiguous range of rows spanning params [first, last] (e.g. q, k, v as one [(H+2Hkv)·Dh,
   // D] weight): the params must be consecutive and share their trailing dims.
   TensorView compute_fused(int first, int last) const;
+  bool has_compute(int i) const { return params_[i].has_compute(); }
+  // compute = RN(master) for every parameter with a copy.
+  void sync_compute(Context& ctx) const;
   TensorView grad_fused(int first, int last) const;
   TensorView master_fused(int first, int last) const;
 
   Tensor master_all, grad_all, m_all, v_all;  // [P] f32
-  Tensor compute_all;                         // [P] bf16
+  Tensor compute_all;                         // [Pc] bf16, Pc ≤ P (see keeps_compute)
 
  private:
   std::vector<ParamInfo> params_;
@@ -176,6 +186,10 @@ struct ForwardOptions {
   // backward (bit-identical) instead of keeping it from the forward — less activation memory
   // for one extra RMSNorm/SwiGLU pass per block.
   bool recompute_quantized_inputs = true;
+  // Quantized linears: make the columnwise (transposed) copy of each weight for its dgrad in the
+  // backward, layer by layer, instead of keeping it for the whole step next to the rowwise copy
+  // (bit-identical; less memory for one extra conversion of each weight per micro-batch).
+  bool recompute_weight_columnwise = true;
   // Count saturated and underflowing elements of every quantized operand into the model's
   // quant-stats buffer (one extra pass over each operand; for the steps that log them).
   bool collect_quant_stats = false;
@@ -209,11 +223,20 @@ class LlamaModel {
   // Normal(0, 0.02) for matrices (output projections scaled by 1/sqrt(2L)), ones for norms;
   // deterministic in `seed` (Philox keyed by parameter offset), on the host then copied.
   void init_weights(uint64_t seed);
-  // compute copy = RN_bf16(master) for every parameter (after init or load).
+  // compute copy = RN_bf16(master) for every parameter that keeps one (after init or load);
+  // also does what weights_changed() does.
   void sync_compute_weights();
-  // Quantizes every linear weight of the plan from the compute copy (once per optimizer step,
-  // after the update; the micro-batches of a step share it).
+  // The master weights changed (an optimizer step): the quantized weights and the bf16 weights
+  // derived for decoding are rebuilt when next needed.
+  void weights_changed();
+  // Quantizes every linear weight of the plan from RN_bf16(master) (once per optimizer step,
+  // after the update; the micro-batches of a step share it). Weights that reach the GEMMs only
+  // quantized keep no bf16 compute copy: each is converted into a transient one here.
   void quantize_weights();
+  // The bf16 weight [rows, cols] of block linear `lin` (l·4 + LinearKind) or of the head
+  // (lin = L·4): the compute copy, or for a quantized linear a conversion of its master weight,
+  // cached until the weights change (generation).
+  TensorView bf16_weight(int lin);
 
   // Forward and, when grad_scale > 0, backward of one micro-batch: tokens, targets [B, T] i32
   // (host or device; targets may hold ignore_index = -1). Returns the loss sum and valid count
@@ -239,8 +262,8 @@ class LlamaModel {
   // at positions [t0, t0 + Tq), t0 = cache.length(), attending to the cached positions; appends
   // their keys and values to `cache` and returns the logits of the last position [B, V] f32 on
   // the host. A prompt is one call (the prefill), then one call per generated token. Always BF16
-  // with the BF16 compute weights, whatever the plan's recipe (generation evaluates the trained
-  // weights in BF16; forward_loss measures the training recipe). Positions past
+  // with the BF16 weights (bf16_weight()), whatever the plan's recipe (generation evaluates the
+  // trained weights in BF16; forward_loss measures the training recipe). Positions past
   // cache.capacity() are a UserError: reset() the cache and prefill a shorter window.
   std::vector<float> decode(const TensorView& tokens, int batch, int tq, KvCache& cache);
 

@@ -122,6 +122,12 @@ void swiglu_fwd_quantize(Context& ctx, const TensorView& h, const TensorView& ga
 // dgate_up [N, 2F] bf16 (overwritten) from dout [N, F] bf16 and the forward's gate_up.
 void swiglu_bwd(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
                 const TensorView& gate_up);
+// The backward fused with the quantization of its result (the gate_up linear's dY): exactly
+// swiglu_bwd(ctx, dgate_up, dout, gate_up) followed by quantize(ctx, dgate_up, cfg, out).
+// dgate_up [N, 2F] bf16 may be an empty TensorView() (not written). Fused on the GPU for
+// per-tensor FP8 with delayed scaling (F % 8 == 0); otherwise the two steps.
+void swiglu_bwd_quantize(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
+                         const TensorView& gate_up, const QuantConfig& cfg, QuantizedTensor& out);
 
 // ---- elementwise pieces -------------------------------------------------------------------
 // out = a + b, same shape; bf16 or f32 (all three the same dtype). out may alias a or b.
@@ -146,6 +152,14 @@ struct ParamSegment {
   int64_t offset = 0;
   int64_t numel = 0;
   bool weight_decay = true;  // false for norms (and anything else the policy exempts)
+  // Where adamw_step writes the segment's bf16 copy in `compute`: kSameOffset (at `offset`, a
+  // compute buffer indexed like master), kNoCompute (no copy: e.g. weights that only reach the
+  // GEMMs quantized), or an element offset into a compact compute buffer.
+  static constexpr int64_t kSameOffset = -1;
+  static constexpr int64_t kNoCompute = -2;
+  int64_t compute_offset = kSameOffset;
+  bool has_compute() const { return compute_offset != kNoCompute; }
+  int64_t compute_begin() const { return compute_offset == kSameOffset ? offset : compute_offset; }
 };
 struct AdamWConfig {
   float lr = 3e-4f;
@@ -158,8 +172,9 @@ struct AdamWConfig {
 // In one pass over every segment: g = grad · (*grad_scale) (grad_scale is a device-side f32
 // scalar from clip_coefficient(), so clipping needs no host sync); m, v updated; master -= lr ·
 // (m̂ / (sqrt(v̂) + eps) + wd · master) (decoupled decay, PyTorch's AdamW order); and, when
-// `compute` is non-null, compute [P] bf16 = RN(master). If *skip (device i32) is non-zero the
-// step leaves everything untouched (NaN guard). master, grad, m, v [P] f32.
+// `compute` is non-null, compute [Pc] bf16 = RN(master) for every segment with a copy, at its
+// compute_begin(). If *skip (device i32) is non-zero the step leaves everything untouched (NaN
+// guard). master, grad, m, v [P] f32.
 void adamw_step(Context& ctx, const TensorView& master, const TensorView& grad, const TensorView& m,
                 const TensorView& v, const TensorView* compute,
                 const std::vector<ParamSegment>& segments, const AdamWConfig& cfg,

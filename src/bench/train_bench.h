@@ -22,7 +22,8 @@ struct TrainBenchOptions {
   int warmup_steps = 3;
   int steps = 10;
   bool activation_checkpointing = false;
-  bool keep_quantized_inputs = false;  // see TrainOptions::keep_quantized_inputs
+  bool keep_quantized_inputs = false;   // see TrainOptions::keep_quantized_inputs
+  bool keep_weight_columnwise = false;  // see TrainOptions::keep_weight_columnwise
 };
 
 struct TrainBenchRow {

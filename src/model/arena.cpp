@@ -12,7 +12,8 @@ constexpr int64_t kSegmentAlign = 128;
 int64_t align_up(int64_t x) { return (x + kSegmentAlign - 1) / kSegmentAlign * kSegmentAlign; }
 }  // namespace
 
-ParamArena::ParamArena(const ModelConfig& cfg, Device dev) {
+ParamArena::ParamArena(const ModelConfig& cfg, Device dev,
+                       const std::function<bool(const std::string&)>& keeps_compute) {
   cfg.validate();
   const int64_t V = cfg.vocab_size, D = cfg.d_model, Dh = cfg.head_dim(), F = cfg.ffn_hidden;
   const int64_t H = cfg.n_heads, Hkv = cfg.n_kv_heads;
@@ -45,9 +46,22 @@ ParamArena::ParamArena(const ModelConfig& cfg, Device dev) {
   add("model.norm.weight", {D}, false);
   if (!cfg.tie_embeddings) add("lm_head.weight", {V, D}, true);
   size_ = align_up(at);
+  // The compact compute buffer: the parameters that keep a bf16 copy, in arena order, with the
+  // same alignment (so fused groups stay adjacent rows there too).
+  int64_t compute_at = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ParamInfo& p = params_[i];
+    if (keeps_compute && !keeps_compute(p.name)) {
+      segments_[i].compute_offset = ParamSegment::kNoCompute;
+      continue;
+    }
+    p.compute_offset = align_up(compute_at);
+    compute_at = p.compute_offset + p.shape.numel();
+    segments_[i].compute_offset = p.compute_offset;
+  }
 
   master_all = Tensor::zeros({size_}, DType::kF32, dev, MemCategory::kWeights);
-  compute_all = Tensor::zeros({size_}, DType::kBF16, dev, MemCategory::kWeights);
+  compute_all = Tensor::zeros({align_up(compute_at)}, DType::kBF16, dev, MemCategory::kWeights);
   grad_all = Tensor::zeros({size_}, DType::kF32, dev, MemCategory::kGradients);
   m_all = Tensor::zeros({size_}, DType::kF32, dev, MemCategory::kOptimizer);
   v_all = Tensor::zeros({size_}, DType::kF32, dev, MemCategory::kOptimizer);
@@ -74,7 +88,19 @@ TensorView ParamArena::grad(int i) const {
   return segment_view(grad_all, DType::kF32, params_[i].offset, params_[i].shape);
 }
 TensorView ParamArena::compute(int i) const {
-  return segment_view(compute_all, DType::kBF16, params_[i].offset, params_[i].shape);
+  LOWBIT_CHECK(params_[i].has_compute(),
+               "{} has no bf16 compute copy (it reaches the GEMMs only quantized)",
+               params_[i].name);
+  return segment_view(compute_all, DType::kBF16, params_[i].compute_offset, params_[i].shape);
+}
+
+void ParamArena::sync_compute(Context& ctx) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].has_compute()) continue;
+    const int64_t n = params_[i].shape.numel();
+    convert(ctx, segment_view(compute_all, DType::kBF16, params_[i].compute_offset, Shape{n}),
+            segment_view(master_all, DType::kF32, params_[i].offset, Shape{n}));
+  }
 }
 
 namespace {
@@ -96,8 +122,14 @@ Shape fused_shape(const std::vector<ParamInfo>& ps, int first, int last) {
 }  // namespace
 
 TensorView ParamArena::compute_fused(int first, int last) const {
-  return segment_view(compute_all, DType::kBF16, params_[first].offset,
-                      fused_shape(params_, first, last));
+  const Shape shape = fused_shape(params_, first, last);
+  for (int i = first; i <= last; ++i) {
+    LOWBIT_CHECK(
+        params_[i].has_compute() && params_[i].compute_offset - params_[first].compute_offset ==
+                                        params_[i].offset - params_[first].offset,
+        "{} has no bf16 compute copy adjacent to {}'s", params_[i].name, params_[first].name);
+  }
+  return segment_view(compute_all, DType::kBF16, params_[first].compute_offset, shape);
 }
 TensorView ParamArena::grad_fused(int first, int last) const {
   return segment_view(grad_all, DType::kF32, params_[first].offset,

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -62,9 +63,17 @@ struct LlamaModel::Impl {
   DType adt = DType::kBF16;  // activations and compute weights: bf16, or f32 (CPU reference)
   Tensor rope;               // [max_seq_len, Dh/2, 2] f32
   std::unique_ptr<DelayedScalingState> fwd_state, bwd_state;
-  std::vector<QuantizedTensor> wq;  // [L·4 + 1] quantized weights (head last)
+  // [L·4 + 1] quantized weights (head last): the rowwise copy (fprop), made once per step. The
+  // columnwise copy (dgrad) is made in the backward, layer by layer, from the same bf16 values
+  // and scales (bit-identical to making both at once), and kept in wq_col only when
+  // ForwardOptions::recompute_weight_columnwise is off.
+  std::vector<QuantizedTensor> wq, wq_col;
   bool weights_quantized = false;
+  // [L·4 + 1] bf16 weights converted from the master for the decoder (linears that keep no
+  // compute copy), until the weights change.
+  std::vector<Tensor> dense;
   bool recompute_inputs = true;  // ForwardOptions::recompute_quantized_inputs of this pass
+  bool recompute_w_col = true;   // ForwardOptions::recompute_weight_columnwise of this pass
   bool collect_stats = false;    // ForwardOptions::collect_quant_stats of this pass
   Tensor stats_counts;  // [L·4 + 1, 3, 2] i64: {saturated, underflow} per linear and operand
   std::vector<int64_t> stats_numel;  // [L·4 + 1, 3] elements counted (host)
@@ -96,27 +105,41 @@ struct LlamaModel::Impl {
   TensorView param_fused(int first, int last) const {
     return adt == DType::kF32 ? arena.master_fused(first, last) : arena.compute_fused(first, last);
   }
-  TensorView weight(int lin) const {
-    if (lin == head_index()) return param(p_head);
+  // The arena parameters [first, last] that make up linear `lin`'s weight (q, k, v and gate, up
+  // are fused).
+  std::pair<int, int> weight_params(int lin) const {
+    if (lin == head_index()) return {p_head, p_head};
     const int l = lin / kLinearsPerBlock;
     switch (static_cast<LinearKind>(lin % kLinearsPerBlock)) {
-      case LinearKind::kQKV: return param_fused(p_layer(l, 1), p_layer(l, 3));
-      case LinearKind::kProj: return param(p_layer(l, 4));
-      case LinearKind::kGateUp: return param_fused(p_layer(l, 6), p_layer(l, 7));
-      case LinearKind::kDown: return param(p_layer(l, 8));
+      case LinearKind::kQKV: return {p_layer(l, 1), p_layer(l, 3)};
+      case LinearKind::kProj: return {p_layer(l, 4), p_layer(l, 4)};
+      case LinearKind::kGateUp: return {p_layer(l, 6), p_layer(l, 7)};
+      case LinearKind::kDown: return {p_layer(l, 8), p_layer(l, 8)};
     }
-    return {};
+    return {0, 0};
+  }
+  // The compute weight [rows, cols] (bf16, or the f32 master in the f32 reference mode); only
+  // for linears that keep a compute copy (has_compute_weight).
+  TensorView weight(int lin) const {
+    const auto [first, last] = weight_params(lin);
+    return first == last ? param(first) : param_fused(first, last);
+  }
+  bool has_compute_weight(int lin) const {
+    return adt == DType::kF32 || arena.has_compute(weight_params(lin).first);
   }
   TensorView weight_grad(int lin) const {
-    if (lin == head_index()) return arena.grad(p_head);
-    const int l = lin / kLinearsPerBlock;
-    switch (static_cast<LinearKind>(lin % kLinearsPerBlock)) {
-      case LinearKind::kQKV: return arena.grad_fused(p_layer(l, 1), p_layer(l, 3));
-      case LinearKind::kProj: return arena.grad(p_layer(l, 4));
-      case LinearKind::kGateUp: return arena.grad_fused(p_layer(l, 6), p_layer(l, 7));
-      case LinearKind::kDown: return arena.grad(p_layer(l, 8));
-    }
-    return {};
+    const auto [first, last] = weight_params(lin);
+    return first == last ? arena.grad(first) : arena.grad_fused(first, last);
+  }
+  // The weight in bf16 for quantizing: the compute copy, or a transient conversion of the master
+  // (the same RN_bf16 values the optimizer would have written) held in `keep`.
+  TensorView weight_source(int lin, Tensor& keep) const {
+    if (has_compute_weight(lin)) return weight(lin);
+    const auto [first, last] = weight_params(lin);
+    const TensorView m = first == last ? arena.master(first) : arena.master_fused(first, last);
+    keep = Tensor::empty(m.shape, DType::kBF16, dev, MemCategory::kWorkspace);
+    convert(ctx, keep, m);
+    return keep.view();
   }
   std::string linear_name(int lin) const {
     if (lin == head_index()) return "lm_head";
@@ -146,12 +169,40 @@ struct LlamaModel::Impl {
 
   void quantize_weights() {
     wq.resize(num_linears() + 1);
+    wq_col.assign(num_linears() + 1, QuantizedTensor{});
     for (int lin = 0; lin <= num_linears(); ++lin) {
       const LinearPrecision& p = precision(lin);
       if (p.recipe == Recipe::kBF16) continue;
-      quantize(ctx, weight(lin), bind(p.w, lin, 1, true, true), wq[lin]);
+      Tensor keep;
+      quantize(ctx, weight_source(lin, keep), bind(p.w, lin, 1, true, false), wq[lin]);
     }
     weights_quantized = true;
+  }
+
+  // The columnwise copy of linear `lin`'s weight for its dgrad: wq_col[lin] when kept, else
+  // made into `tmp` (see wq).
+  const QuantizedTensor& weight_columnwise(int lin, QuantizedTensor& tmp) {
+    if (wq_col[lin].has_columnwise()) return wq_col[lin];
+    const NvtxRange range(linear_name(lin) + " weight columnwise");
+    QuantizedTensor& out = recompute_w_col ? tmp : wq_col[lin];
+    Tensor keep;
+    quantize(ctx, weight_source(lin, keep), bind(precision(lin).w, lin, 1, false, true), out);
+    return out;
+  }
+
+  void weights_changed() {
+    weights_quantized = false;
+    wq.clear();
+    wq_col.clear();
+    dense.clear();
+  }
+
+  TensorView bf16_weight(int lin) {
+    LOWBIT_CHECK(lin >= 0 && lin <= num_linears(), "linear {} out of range", lin);
+    if (has_compute_weight(lin)) return weight(lin);
+    dense.resize(num_linears() + 1);
+    if (!dense[lin].defined()) weight_source(lin, dense[lin]);
+    return dense[lin].view();
   }
 
   // Quantizes a linear's input inside the op that produces it (RMSNorm, SwiGLU): the same bytes
@@ -185,7 +236,10 @@ struct LlamaModel::Impl {
       quantize(ctx, x, qc, xq);
     }
     record_clip_stats(lin, 0, x, xq);
-    if (collect_stats && !w_stats_done) record_clip_stats(lin, 1, weight(lin), wq[lin]);
+    if (collect_stats && !w_stats_done) {
+      Tensor keep;
+      record_clip_stats(lin, 1, weight_source(lin, keep), wq[lin]);
+    }
     GemmOptions o;
     o.role = GemmRole::kFprop;
     gemm(ctx, GemmOperand::of(xq), GemmOperand::of(wq[lin]), y, o);
@@ -196,8 +250,11 @@ struct LlamaModel::Impl {
     }
   }
 
-  // dx [M, K] bf16 = dy · W (skipped when dx is null); dW [Nout, K] f32 += dyᵀ · x.
-  void linear_bwd(int lin, const TensorView& dy, const LinearSaved& saved, const TensorView* dx) {
+  // dx [M, K] bf16 = dy · W (skipped when dx is null); dW [Nout, K] f32 += dyᵀ · x. Quantized
+  // recipes quantize dy here unless its producer did (`dyq_in`; dy is then read only for the
+  // clip statistics and may be empty).
+  void linear_bwd(int lin, const TensorView& dy, const LinearSaved& saved, const TensorView* dx,
+                  QuantizedTensor* dyq_in = nullptr) {
     const NvtxRange range(linear_name(lin) + " backward");
     const LinearPrecision& p = precision(lin);
     GemmOptions dg;
@@ -210,10 +267,14 @@ struct LlamaModel::Impl {
       gemm(ctx, GemmOperand::of(dy), GemmOperand::of(saved.x), weight_grad(lin), wg);
       return;
     }
-    QuantizedTensor dyq;
-    quantize(ctx, dy, bind(p.dy, lin, 2, dx != nullptr, true), dyq);
+    QuantizedTensor dyq_own;
+    if (dyq_in == nullptr) quantize(ctx, dy, bind(p.dy, lin, 2, dx != nullptr, true), dyq_own);
+    const QuantizedTensor& dyq = dyq_in != nullptr ? *dyq_in : dyq_own;
     record_clip_stats(lin, 2, dy, dyq);
-    if (dx) gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(wq[lin]), *dx, dg);
+    if (dx) {
+      QuantizedTensor tmp;
+      gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(weight_columnwise(lin, tmp)), *dx, dg);
+    }
     gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(saved.xq), weight_grad(lin), wg);
   }
 
@@ -339,15 +400,27 @@ struct LlamaModel::Impl {
     recompute_wgrad_input(l, 3, s);
     linear_bwd(lin0 + 3, dx, s.lin[3], &dh.view());
     s.lin[3] = {};
-    Tensor dgu = act({N, 2 * F}, adt, dev);
-    swiglu_bwd(ctx, dgu, dh, s.gu);
+    // d(gate_up) [N, 2F]: quantized linears take it quantized from the SwiGLU backward itself
+    // (no bf16 copy unless the clip statistics read it).
+    const LinearPrecision& pgu = precision(lin0 + 2);
+    const bool fused = pgu.recipe != Recipe::kBF16;
+    Tensor dgu;
+    if (!fused || collect_stats) dgu = act({N, 2 * F}, adt, dev);
+    const TensorView dguv = dgu.defined() ? dgu.view() : TensorView();
+    QuantizedTensor dguq;
+    if (fused) {
+      swiglu_bwd_quantize(ctx, dguv, dh, s.gu, bind(pgu.dy, lin0 + 2, 2, true, true), dguq);
+    } else {
+      swiglu_bwd(ctx, dgu, dh, s.gu);
+    }
     dh = Tensor();
     s.gu = Tensor();
     Tensor dln = act({N, D}, adt, dev);
     recompute_wgrad_input(l, 2, s);
-    linear_bwd(lin0 + 2, dgu, s.lin[2], &dln.view());
+    linear_bwd(lin0 + 2, dguv, s.lin[2], &dln.view(), fused ? &dguq : nullptr);
     s.lin[2] = {};
     dgu = Tensor();
+    dguq = QuantizedTensor();
     Tensor tmp = act({N, D}, adt, dev);
     rmsnorm_bwd(ctx, tmp, arena.grad(p_layer(l, 5)), dln, s.x_mid, param(p_layer(l, 5)), s.rstd2);
     add(ctx, dx, dx, tmp);  // dx now d(x_mid)
@@ -403,6 +476,7 @@ struct LlamaModel::Impl {
     const int64_t N = int64_t(B) * T, D = cfg.d_model, V = cfg.vocab_size;
     const bool backward = grad_scale > 0;
     recompute_inputs = opt.recompute_quantized_inputs;
+    recompute_w_col = opt.recompute_weight_columnwise;
     collect_stats = opt.collect_quant_stats;
     if (!weights_quantized) quantize_weights();
     Tensor tokens = upload_i32(tokens_in, N);
@@ -495,7 +569,25 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const PrecisionPlan& plan, Contex
   LOWBIT_USER_CHECK(static_cast<int>(plan_.linears.size()) == cfg_.n_layers * kLinearsPerBlock,
                     "precision plan has {} linears, the model {}", plan_.linears.size(),
                     cfg_.n_layers * kLinearsPerBlock);
-  arena_ = std::make_unique<ParamArena>(cfg_, ctx.device());
+  // A linear's weight keeps a bf16 compute copy only when some GEMM reads it in bf16: bf16
+  // linears, and the embedding / head (the embedding lookup and generation read them in bf16).
+  // Quantized block linears are quantized from a transient copy (Impl::weight_source).
+  const std::function<bool(const std::string&)> keeps_compute = [this](const std::string& name) {
+    static const std::pair<const char*, LinearKind> kinds[] = {
+        {".self_attn.q_proj.", LinearKind::kQKV}, {".self_attn.k_proj.", LinearKind::kQKV},
+        {".self_attn.v_proj.", LinearKind::kQKV}, {".self_attn.o_proj.", LinearKind::kProj},
+        {".mlp.gate_proj.", LinearKind::kGateUp}, {".mlp.up_proj.", LinearKind::kGateUp},
+        {".mlp.down_proj.", LinearKind::kDown}};
+    int layer = -1;
+    if (std::sscanf(name.c_str(), "model.layers.%d.", &layer) != 1) return true;
+    for (const auto& [part, kind] : kinds) {
+      if (name.find(part) == std::string::npos) continue;
+      const int lin = layer * kLinearsPerBlock + static_cast<int>(kind);
+      return plan_.linears[static_cast<size_t>(lin)].recipe == Recipe::kBF16;
+    }
+    return true;  // norms
+  };
+  arena_ = std::make_unique<ParamArena>(cfg_, ctx.device(), keeps_compute);
   impl_ = std::make_unique<Impl>(ctx_, cfg_, plan_, *arena_);
   Impl& m = *impl_;
   m.adt = activation_dtype;
@@ -570,11 +662,15 @@ void LlamaModel::init_weights(uint64_t seed) {
 }
 
 void LlamaModel::sync_compute_weights() {
-  convert(ctx_, arena_->compute_all.view(), arena_->master_all.view());
-  impl_->weights_quantized = false;
+  arena_->sync_compute(ctx_);
+  impl_->weights_changed();
 }
 
+void LlamaModel::weights_changed() { impl_->weights_changed(); }
+
 void LlamaModel::quantize_weights() { impl_->quantize_weights(); }
+
+TensorView LlamaModel::bf16_weight(int lin) { return impl_->bf16_weight(lin); }
 
 std::vector<std::array<LlamaModel::QuantStats, 3>> LlamaModel::quant_stats() const {
   const Impl& m = *impl_;

@@ -145,7 +145,8 @@ std::vector<float> LlamaModel::decode(const TensorView& tokens, int batch, int t
     const NvtxRange block_range(fmt::format("block {} decode", l));
     const int p = block_base(a, l);
     rmsnorm_fwd(ctx_, ln, rstd, x, a.compute(p + 0), cfg.norm_eps);
-    gemm(ctx_, GemmOperand::of(ln), GemmOperand::of(a.compute_fused(p + 1, p + 3)), qkv, {});
+    gemm(ctx_, GemmOperand::of(ln), GemmOperand::of(bf16_weight(l * kLinearsPerBlock + 0)), qkv,
+         {});
     const TensorView q = heads_view(qkv, B, T, 0, H, Dh);
     const TensorView k = heads_view(qkv, B, T, int64_t(H) * Dh, Hkv, Dh);
     const TensorView v = heads_view(qkv, B, T, int64_t(H + Hkv) * Dh, Hkv, Dh);
@@ -155,12 +156,13 @@ std::vector<float> LlamaModel::decode(const TensorView& tokens, int batch, int t
     kv_cache_write(ctx_, cache.v(l), v, t0);
     attention_cache_fwd(ctx_, att.view().reshape({B, T, H, Dh}), q, cache.k(l), cache.v(l), t0,
                         scale);
-    gemm(ctx_, GemmOperand::of(att), GemmOperand::of(a.compute(p + 4)), x_mid, {});
+    gemm(ctx_, GemmOperand::of(att), GemmOperand::of(bf16_weight(l * kLinearsPerBlock + 1)), x_mid,
+         {});
     add(ctx_, x_mid, x_mid, x);
     rmsnorm_fwd(ctx_, ln, rstd, x_mid, a.compute(p + 5), cfg.norm_eps);
-    gemm(ctx_, GemmOperand::of(ln), GemmOperand::of(a.compute_fused(p + 6, p + 7)), gu, {});
+    gemm(ctx_, GemmOperand::of(ln), GemmOperand::of(bf16_weight(l * kLinearsPerBlock + 2)), gu, {});
     swiglu_fwd(ctx_, h, gu);
-    gemm(ctx_, GemmOperand::of(h), GemmOperand::of(a.compute(p + 8)), x, {});
+    gemm(ctx_, GemmOperand::of(h), GemmOperand::of(bf16_weight(l * kLinearsPerBlock + 3)), x, {});
     add(ctx_, x, x, x_mid);  // x is the block's output, the next block's input
   }
   cache.length_ = t0 + T;

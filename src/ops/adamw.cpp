@@ -75,7 +75,11 @@ void adamw_step(Context& ctx, const TensorView& master, const TensorView& grad, 
   check_arena(op, "grad", grad, DType::kF32, master);
   check_arena(op, "m", m, DType::kF32, master);
   check_arena(op, "v", v, DType::kF32, master);
-  if (compute) check_arena(op, "compute", *compute, DType::kBF16, master);
+  if (compute) {
+    check_rank(op, "compute", "[Pc]", *compute, 1);
+    check_dtype(op, "compute", *compute, DType::kBF16);
+    check_contiguous(op, "compute", *compute);
+  }
   check_scalar(op, "grad_scale", grad_scale, DType::kF32);
   check_scalar(op, "skip", skip, DType::kI32);
   const std::pair<const char*, const TensorView*> bufs[] = {
@@ -89,6 +93,18 @@ void adamw_step(Context& ctx, const TensorView& master, const TensorView& grad, 
   }
   check_config(op, cfg);
   check_segments(op, segments, master.size(0), "master");
+  if (compute) {
+    // The bf16 copies: inside compute and disjoint (each is written by one segment only).
+    std::vector<ParamSegment> copies;
+    for (const ParamSegment& s : segments) {
+      if (!s.has_compute()) continue;
+      LOWBIT_USER_CHECK(s.compute_offset >= ParamSegment::kSameOffset,
+                        "{}: compute_offset {} is neither an offset nor kSameOffset/kNoCompute", op,
+                        s.compute_offset);
+      copies.push_back({s.compute_begin(), s.numel, s.weight_decay});
+    }
+    check_segments(op, copies, compute->size(0), "compute");
+  }
   if (master.numel() == 0 || segments.empty()) return;
   const AdamWScalars s = adamw_scalars(cfg);
   if (ctx.on_gpu()) {

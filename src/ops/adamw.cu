@@ -31,14 +31,15 @@ struct AdamWPtrs {
   const int32_t* skip;      // [1]
 };
 
-__device__ __forceinline__ void update_one(const AdamWPtrs& a, int64_t e, float scale, bool decay,
-                                           const AdamWScalars& s) {
+// `compute`: the segment's bf16 copy shifted so that element e goes to compute[e] (or null).
+__device__ __forceinline__ void update_one(const AdamWPtrs& a, uint16_t* compute, int64_t e,
+                                           float scale, bool decay, const AdamWScalars& s) {
   float p = a.master[e], m = a.m[e], v = a.v[e];
   adamw_update(p, m, v, a.grad[e], scale, decay, s);
   a.master[e] = p;
   a.m[e] = m;
   a.v[e] = v;
-  if (a.compute) a.compute[e] = f32_to_bf16_rn(p);
+  if (compute) compute[e] = f32_to_bf16_rn(p);
 }
 
 // UNIT 4: float4 body (every buffer aligned) plus scalar head/tail in chunk 0; UNIT 1: scalar.
@@ -50,6 +51,8 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t b = blockIdx.x;
   const int i = tab.find(b);
   const bool decay = tab.weight_decay[i] != 0;
+  uint16_t* const compute =
+      a.compute != nullptr && tab.has_compute[i] ? a.compute + tab.compute_delta[i] : nullptr;
   const int64_t c = b - tab.first_block[i];
   const int64_t vb = tab.vbegin[i], ve = tab.vend[i];
   const int64_t first = vb + c * kThreads * kIters * UNIT;
@@ -76,25 +79,25 @@ __global__ void __launch_bounds__(kThreads)
         *reinterpret_cast<float4*>(a.master + e) = p[it];
         *reinterpret_cast<float4*>(a.m + e) = m[it];
         *reinterpret_cast<float4*>(a.v + e) = v[it];
-        if (a.compute) {
+        if (compute) {
           // Four bf16 values in one 8-byte store.
           const uint2 w = make_uint2(ops_cuda::pack_bf16x2(p[it].x, p[it].y),
                                      ops_cuda::pack_bf16x2(p[it].z, p[it].w));
-          *reinterpret_cast<uint2*>(a.compute + e) = w;
+          *reinterpret_cast<uint2*>(compute + e) = w;
         }
       }
     }
     if (c == 0) {  // head [begin, vbegin) and tail [vend, end), fewer than 4 elements each
       const int t = threadIdx.x;
-      if (t < 4 && tab.begin[i] + t < vb) update_one(a, tab.begin[i] + t, scale, decay, s);
+      if (t < 4 && tab.begin[i] + t < vb) update_one(a, compute, tab.begin[i] + t, scale, decay, s);
       if (t >= 4 && t < 8 && ve + (t - 4) < tab.end[i])
-        update_one(a, ve + (t - 4), scale, decay, s);
+        update_one(a, compute, ve + (t - 4), scale, decay, s);
     }
   } else {
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       const int64_t e = first + int64_t(it) * kThreads + threadIdx.x;
-      if (e < ve) update_one(a, e, scale, decay, s);
+      if (e < ve) update_one(a, compute, e, scale, decay, s);
     }
   }
 }
@@ -113,10 +116,13 @@ void adamw_step_cuda(Context& ctx, const TensorView& master, const TensorView& g
               compute ? compute->ptr<uint16_t>() : nullptr,
               grad_scale.ptr<const float>(),
               skip.ptr<const int32_t>()};
-  // Element e is 16-byte aligned in every buffer (8-byte in the bf16 copy) iff e % 4 == 0 and
-  // the buffers start aligned.
-  const bool vec = aligned16(a.master) && aligned16(a.grad) && aligned16(a.m) && aligned16(a.v) &&
-                   (reinterpret_cast<uintptr_t>(a.compute) & 7u) == 0;
+  // Element e is 16-byte aligned in every buffer (8-byte in the bf16 copy) iff e % 4 == 0, the
+  // buffers start aligned and every segment's copy is shifted by a multiple of 4 elements.
+  bool vec = aligned16(a.master) && aligned16(a.grad) && aligned16(a.m) && aligned16(a.v) &&
+             (reinterpret_cast<uintptr_t>(a.compute) & 7u) == 0;
+  for (const ParamSegment& seg : segments) {
+    if (compute && seg.has_compute() && (seg.compute_begin() - seg.offset) % 4 != 0) vec = false;
+  }
   const std::vector<SegmentBlocks> plan =
       vec ? plan_segment_blocks(segments, 4, int64_t(kThreads) * kIters * 4, false)
           : plan_segment_blocks(segments, 1, int64_t(kThreads) * kIters, false);

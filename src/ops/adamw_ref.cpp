@@ -18,12 +18,13 @@ void adamw_step_cpu(const TensorView& master, const TensorView& grad, const Tens
   const float* g = grad.ptr<const float>();                    // [P]
   float* mm = m.ptr<float>();                                  // [P]
   float* vv = v.ptr<float>();                                  // [P]
-  uint16_t* c = compute ? compute->ptr<uint16_t>() : nullptr;  // [P] bf16
+  uint16_t* c = compute ? compute->ptr<uint16_t>() : nullptr;  // [Pc] bf16
   for (const ParamSegment& seg : segments) {
     const int64_t end = seg.offset + seg.numel;
+    uint16_t* cs = c && seg.has_compute() ? c + (seg.compute_begin() - seg.offset) : nullptr;
     for (int64_t i = seg.offset; i < end; ++i) {
       adamw_update(p[i], mm[i], vv[i], g[i], scale, seg.weight_decay, s);
-      if (c) c[i] = f32_to_bf16_rn(p[i]);
+      if (cs) cs[i] = f32_to_bf16_rn(p[i]);
     }
   }
 }

@@ -45,6 +45,8 @@ std::vector<SegmentBlocks> plan_segment_blocks(const std::vector<ParamSegment>& 
     cur.vbegin[i] = vbegin;
     cur.vend[i] = vend;
     cur.weight_decay[i] = seg.weight_decay ? 1 : 0;
+    cur.has_compute[i] = seg.has_compute() ? 1 : 0;
+    cur.compute_delta[i] = seg.has_compute() ? seg.compute_begin() - seg.offset : 0;
     cur.first_block[i + 1] = cur.first_block[i] + static_cast<int32_t>(nblocks);
   }
   flush();

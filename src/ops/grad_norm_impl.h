@@ -61,6 +61,10 @@ struct SegmentBlocks {
   int64_t begin[kMax], end[kMax], vbegin[kMax], vend[kMax];
   int32_t first_block[kMax + 1];
   uint8_t weight_decay[kMax];
+  // adamw_step's bf16 copy: element e of the segment goes to compute[e + compute_delta[i]];
+  // has_compute[i] = 0 when the segment has none.
+  int64_t compute_delta[kMax];
+  uint8_t has_compute[kMax];
 
   // The launch-local segment of block b: the last i with first_block[i] <= b (segments that own
   // no block are skipped over).

@@ -62,6 +62,28 @@ void swiglu_fwd_quantize(Context& ctx, const TensorView& h, const TensorView& ga
   swiglu_fwd_quantize_composed(ctx, h, gate_up, cfg, out);
 }
 
+void swiglu_bwd_quantize(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
+                         const TensorView& gate_up, const QuantConfig& cfg, QuantizedTensor& out) {
+  const char* op = "swiglu_bwd_quantize";
+  check_devices(op, ctx, {{"dout", &dout}, {"gate_up", &gate_up}});
+  check_rows(op, "dout", dout, gate_up);
+  // bf16 only (no f32 on the CPU): what is quantized is dgate_up rounded to bf16.
+  check_dtype(op, "gate_up", gate_up, DType::kBF16);
+  check_dtype(op, "dout", dout, DType::kBF16);
+  if (!absent(dgate_up)) {
+    check_devices(op, ctx, {{"dgate_up", &dgate_up}});
+    check_dtype(op, "dgate_up", dgate_up, DType::kBF16);
+    check_same_shape(op, "dgate_up", dgate_up, "gate_up", gate_up);
+    check_contiguous(op, "dgate_up", dgate_up);
+  }
+  if (ctx.on_gpu() && fp8_delayed_fusable(cfg, ctx.device()) &&
+      swiglu_bwd_quantize_cuda(ctx, dgate_up, dout, gate_up, cfg, out)) {
+    return;
+  }
+  // Everything else (and the CPU): the definition, step by step. quantize() validates cfg.
+  swiglu_bwd_quantize_composed(ctx, dgate_up, dout, gate_up, cfg, out);
+}
+
 void swiglu_bwd(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
                 const TensorView& gate_up) {
   const char* op = "swiglu_bwd";

@@ -143,6 +143,100 @@ __global__ void __launch_bounds__(kThreads)
   fp8_epilogue_finish(local_amax, scale, ep);
 }
 
+// ---- backward fused with per-tensor FP8 quantization (delayed scaling) -------------------------
+//
+// One block per tile of kTM rows × kTK columns of F: it produces the matching tiles of dgate
+// (output columns k0 .. k0 + kTK) and of dup (columns F + k0 ..), each value rounded to bf16
+// exactly as swiglu_bwd_kernel stores it and quantized from that bf16 value. Rowwise codes (and
+// dgate_up when asked) are written directly; the two code tiles are staged and written
+// transposed (rows k and F + k of qt [2F, N]).
+
+// dgate_up [N, 2F] bf16 (or null) and ep's q [N, 2F] / qt [2F, N] FP8, scale_inv and amax from
+// dout [N, F] and gate_up [N, 2F] bf16. F % 8 == 0 and rows 16-byte aligned. vec_t: N % 16 == 0
+// and qt 16-byte aligned.
+template <bool kCol>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_bwd_fp8_kernel(uint16_t* __restrict__ dgate_up, const uint16_t* __restrict__ dout,
+                          const uint16_t* __restrict__ gate_up, int64_t n_rows, int64_t f,
+                          bool vec_t, ops_detail::Fp8Epilogue ep) {
+  constexpr int kPitch = kTK + 4;  // ≡ 4 (mod 8): see store_transposed
+  // [2][kTM][kTK + 4] codes of dgate and dup (kCol only).
+  __shared__ __align__(16) uint8_t tiles[2][kTM * kPitch];
+  constexpr int kChunks = kTM * kTK / 8 / kThreads;
+  const int64_t m0 = int64_t(blockIdx.x) * kTM, k0 = int64_t(blockIdx.y) * kTK;
+  const float scale = *ep.scale;
+  uint4 graw[kChunks], uraw[kChunks], draw[kChunks];  // 8 bf16 of gate, up and dout per chunk
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = threadIdx.x + j * kThreads;
+    const int r = c / (kTK / 8), cc = (c % (kTK / 8)) * 8;
+    const int64_t m = m0 + r, k = k0 + cc;
+    if (m < n_rows && k < f) {  // F % 8 == 0: a chunk is entirely inside or outside the row
+      const uint16_t* gp = gate_up + m * 2 * f + k;
+      graw[j] = __ldg(reinterpret_cast<const uint4*>(gp));
+      uraw[j] = __ldg(reinterpret_cast<const uint4*>(gp + f));
+      draw[j] = __ldg(reinterpret_cast<const uint4*>(dout + m * f + k));
+    } else {
+      graw[j] = uraw[j] = draw[j] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  float local_amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = threadIdx.x + j * kThreads;
+    const int r = c / (kTK / 8), cc = (c % (kTK / 8)) * 8;
+    const int64_t m = m0 + r, k = k0 + cc;
+    if (m >= n_rows || k >= f) continue;
+    const uint32_t gw[4] = {graw[j].x, graw[j].y, graw[j].z, graw[j].w};
+    const uint32_t uw[4] = {uraw[j].x, uraw[j].y, uraw[j].z, uraw[j].w};
+    const uint32_t dw[4] = {draw[j].x, draw[j].y, draw[j].z, draw[j].w};
+    // dgate and dup rounded to bf16 as swiglu_bwd stores them (gb, ub) and their fp32 images.
+    uint32_t gb[4], ub[4];
+    float gv[8], uv[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const SwigluGrad lo = swiglu_grad(__uint_as_float(gw[i] << 16), __uint_as_float(uw[i] << 16),
+                                        __uint_as_float(dw[i] << 16));
+      const SwigluGrad hi =
+          swiglu_grad(__uint_as_float(gw[i] & 0xFFFF0000u), __uint_as_float(uw[i] & 0xFFFF0000u),
+                      __uint_as_float(dw[i] & 0xFFFF0000u));
+      gb[i] = pack_bf16x2(lo.dg, hi.dg);
+      ub[i] = pack_bf16x2(lo.du, hi.du);
+      gv[2 * i] = __uint_as_float(gb[i] << 16);
+      gv[2 * i + 1] = __uint_as_float(gb[i] & 0xFFFF0000u);
+      uv[2 * i] = __uint_as_float(ub[i] << 16);
+      uv[2 * i + 1] = __uint_as_float(ub[i] & 0xFFFF0000u);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      local_amax = amax_combine(local_amax, gv[i]);
+      local_amax = amax_combine(local_amax, uv[i]);
+    }
+    if (dgate_up != nullptr) {
+      uint16_t* dp = dgate_up + m * 2 * f + k;
+      *reinterpret_cast<uint4*>(dp) = make_uint4(gb[0], gb[1], gb[2], gb[3]);
+      *reinterpret_cast<uint4*>(dp + f) = make_uint4(ub[0], ub[1], ub[2], ub[3]);
+    }
+    const uint2 gcodes = fp8_codes8(gv, scale, ep.e5m2);
+    const uint2 ucodes = fp8_codes8(uv, scale, ep.e5m2);
+    if (ep.q != nullptr) {
+      *reinterpret_cast<uint2*>(ep.q + m * 2 * f + k) = gcodes;
+      *reinterpret_cast<uint2*>(ep.q + m * 2 * f + f + k) = ucodes;
+    }
+    if constexpr (kCol) {
+      stage_codes8(tiles[0], r * kPitch + cc, gcodes);
+      stage_codes8(tiles[1], r * kPitch + cc, ucodes);
+    }
+  }
+  if constexpr (kCol) {
+    __syncthreads();  // both tiles are staged
+    const int cols = int(f - k0 < kTK ? f - k0 : kTK);
+    store_transposed<kTM>(ep.qt, tiles[0], kPitch, m0, n_rows, k0, cols, vec_t);
+    store_transposed<kTM>(ep.qt, tiles[1], kPitch, m0, n_rows, f + k0, cols, vec_t);
+  }
+  fp8_epilogue_finish(local_amax, scale, ep);
+}
+
 int grid_for(int64_t items) {
   return int(std::min<int64_t>(ceil_div(items, kThreads), int64_t(1) << 20));
 }
@@ -198,6 +292,32 @@ void swiglu_bwd_cuda(Context& ctx, const TensorView& dgate_up, const TensorView&
     swiglu_bwd_kernel<1><<<grid_for(n * f), kThreads, 0, ctx.stream()>>>(dgu, dy, gu, f, n * f);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+bool swiglu_bwd_quantize_cuda(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
+                              const TensorView& gate_up, const QuantConfig& cfg,
+                              QuantizedTensor& out) {
+  const int64_t n = dout.size(0), f = dout.size(1);
+  uint16_t* dgu = absent(dgate_up) ? nullptr : dgate_up.ptr<uint16_t>();
+  const uint16_t* dy = dout.ptr<const uint16_t>();
+  const uint16_t* gu = gate_up.ptr<const uint16_t>();
+  // Preconditions of the fused kernel (else the caller runs the composition): whole 8-column
+  // chunks with 16-byte aligned rows, and a grid that fits.
+  if (n == 0 || f % 8 != 0 || !aligned16(gu) || !aligned16(dy) ||
+      (dgu != nullptr && !aligned16(dgu))) {
+    return false;
+  }
+  if (ceil_div(f, kTK) > 65535 || ceil_div(n, kTM) >= (int64_t(1) << 31)) return false;
+  const Fp8Epilogue ep = fp8_epilogue_outputs(cfg, n, 2 * f, ctx.device(), out);
+  const bool vec_t = n % 16 == 0 && aligned16(ep.qt);
+  const dim3 grid(static_cast<unsigned>(ceil_div(n, kTM)), static_cast<unsigned>(ceil_div(f, kTK)));
+  if (cfg.columnwise) {
+    swiglu_bwd_fp8_kernel<true><<<grid, kThreads, 0, ctx.stream()>>>(dgu, dy, gu, n, f, vec_t, ep);
+  } else {
+    swiglu_bwd_fp8_kernel<false><<<grid, kThreads, 0, ctx.stream()>>>(dgu, dy, gu, n, f, vec_t, ep);
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 }  // namespace lowbit::ops_detail

@@ -70,5 +70,16 @@ bool swiglu_fwd_quantize_cuda(Context& ctx, const TensorView& h, const TensorVie
                               const QuantConfig& cfg, QuantizedTensor& out);
 void swiglu_bwd_cuda(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
                      const TensorView& gate_up);
+// swiglu_bwd_quantize by definition, on any device: swiglu_bwd into dgate_up (a scratch when
+// absent), then quantize(dgate_up) (swiglu_ref.cpp).
+void swiglu_bwd_quantize_composed(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
+                                  const TensorView& gate_up, const QuantConfig& cfg,
+                                  QuantizedTensor& out);
+// Fused backward + per-tensor FP8 with delayed scaling (cfg passed fp8_delayed_fusable;
+// dgate_up may be absent): the bytes of the composition on the GPU. Returns false, having done
+// nothing, when F % 8 != 0 or the rows are not 16-byte aligned.
+bool swiglu_bwd_quantize_cuda(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
+                              const TensorView& gate_up, const QuantConfig& cfg,
+                              QuantizedTensor& out);
 
 }  // namespace lowbit::ops_detail

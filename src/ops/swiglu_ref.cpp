@@ -46,4 +46,18 @@ void swiglu_fwd_quantize_composed(Context& ctx, const TensorView& h, const Tenso
   quantize(ctx, hv, cfg, out);
 }
 
+void swiglu_bwd_quantize_composed(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
+                                  const TensorView& gate_up, const QuantConfig& cfg,
+                                  QuantizedTensor& out) {
+  Tensor scratch;
+  TensorView dv = dgate_up;
+  if (absent(dgate_up)) {
+    scratch = Tensor::empty(gate_up.shape, DType::kBF16, gate_up.device,
+                            MemCategory::kWorkspace);  // [N, 2F]
+    dv = scratch.view();
+  }
+  swiglu_bwd(ctx, dv, dout, gate_up);
+  quantize(ctx, dv, cfg, out);
+}
+
 }  // namespace lowbit::ops_detail

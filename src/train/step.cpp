@@ -41,6 +41,7 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   const TensorView compute = arena.compute_all.view();
   adamw_step(ctx_, arena.master_all, arena.grad_all, arena.m_all, arena.v_all, &compute, segs, adam,
              coef_, skip_);
+  model_.weights_changed();
   if (DelayedScalingState* s = model_.fp8_forward_state()) s->update(&ctx_);
   if (DelayedScalingState* s = model_.fp8_backward_state()) s->update(&ctx_);
   const Tensor nh = Tensor::copy_of(norm_, Device::cpu());

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "lowbit/formats.h"
 #include "lowbit/model.h"
 #include "lowbit/train/step.h"
 
@@ -98,20 +99,69 @@ TEST_P(GpuModel, RecomputedQuantizedInputsGiveIdenticalGradients) {
   for (int64_t i = 0; i < tokens.numel(); ++i) {
     tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 512);
   }
-  std::vector<float> grads[2];
-  for (int keep = 0; keep < 2; ++keep) {
+  // 0: recompute inputs and weight columnwise copies (default); 1: keep the inputs; 2: keep the
+  // weights' columnwise copies.
+  std::vector<float> grads[3];
+  for (int variant = 0; variant < 3; ++variant) {
     Context gpu(Device::cuda(0));
     LlamaModel m(c, resolve_precision(r, c), gpu);
     m.init_weights(6);
     ForwardOptions o;
-    o.recompute_quantized_inputs = keep == 0;
+    o.recompute_quantized_inputs = variant != 1;
+    o.recompute_weight_columnwise = variant != 2;
     for (int mb = 0; mb < 2; ++mb) {
       m.forward_backward(tokens, tokens, B, T, 1.0f / float(tokens.numel()), o);
     }
     const Tensor g = Tensor::copy_of(m.params().grad_all, Device::cpu());
-    grads[keep].assign(g.ptr<float>(), g.ptr<float>() + g.numel());
+    grads[variant].assign(g.ptr<float>(), g.ptr<float>() + g.numel());
   }
   EXPECT_EQ(grads[0], grads[1]) << recipe_name(r);
+  EXPECT_EQ(grads[0], grads[2]) << recipe_name(r);
+}
+
+// The model quantizes a weight's rowwise copy once per step and its columnwise copy in the
+// backward: on the device too each equals the copy quantize() makes of both at once.
+TEST_P(GpuModel, WeightCopiesQuantizedSeparatelyEqualBothAtOnce) {
+  const Recipe r = GetParam();
+  if (r == Recipe::kBF16) GTEST_SKIP() << "bf16 weights are not quantized";
+  const ModelConfig c = tiny();
+  Context gpu(Device::cuda(0));
+  Tensor host = Tensor::empty({768, 256}, DType::kBF16, Device::cpu());  // [N, K]
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    host.ptr<uint16_t>()[i] = f32_to_bf16_rn(i % 997 == 3 ? 40.0f * nd(rng) : nd(rng));
+  }
+  const Tensor w = Tensor::copy_of(host, gpu.device());
+  QuantConfig cfg = resolve_precision(r, c).linears[0].w;
+  DelayedScalingState state(DelayedScalingConfig{}, ScalingPass::kForward, 1, gpu.device());
+  if (r == Recipe::kFP8) {
+    cfg.delayed = &state;
+    cfg.delayed_slot = 0;
+  }
+  auto q = [&](bool row, bool col) {
+    QuantConfig k = cfg;
+    k.rowwise = row;
+    k.columnwise = col;
+    QuantizedTensor out;
+    quantize(gpu, w, k, out);
+    return out;
+  };
+  auto bytes = [](const Tensor& t) {
+    std::vector<uint8_t> b;
+    if (!t.defined()) return b;
+    const Tensor h = Tensor::copy_of(t, Device::cpu());
+    b.assign(h.ptr<uint8_t>(), h.ptr<uint8_t>() + h.nbytes());
+    return b;
+  };
+  const QuantizedTensor both = q(true, true), row = q(true, false), col = q(false, true);
+  EXPECT_EQ(bytes(both.rowwise_data), bytes(row.rowwise_data)) << recipe_name(r);
+  EXPECT_EQ(bytes(both.rowwise_scale_inv), bytes(row.rowwise_scale_inv)) << recipe_name(r);
+  EXPECT_EQ(bytes(both.columnwise_data), bytes(col.columnwise_data)) << recipe_name(r);
+  EXPECT_EQ(bytes(both.columnwise_scale_inv), bytes(col.columnwise_scale_inv)) << recipe_name(r);
+  EXPECT_EQ(bytes(both.amax), bytes(row.amax)) << recipe_name(r);
+  // The dgrad's global scale (NVFP4) comes with the columnwise copy.
+  EXPECT_EQ(bytes(both.columnwise_amax), bytes(col.columnwise_amax)) << recipe_name(r);
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, GpuModel, ::testing::ValuesIn(kAllRecipes), [](const auto& info) {

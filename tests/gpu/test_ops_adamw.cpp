@@ -73,6 +73,23 @@ test::OpCase adamw_case(const std::string& name, const std::vector<ParamSegment>
   return c;
 }
 
+// The segments' bf16 copies packed from `start` (ParamSegment::compute_offset), every fourth
+// segment without one. aligned: each copy shifted by a multiple of 4 elements from its master
+// (the float4 path); else the shift of the first is not (the scalar path).
+std::vector<ParamSegment> compact_copies(std::vector<ParamSegment> segs, bool aligned) {
+  int64_t at = 1;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    if (i % 4 == 1) {
+      segs[i].compute_offset = ParamSegment::kNoCompute;
+      continue;
+    }
+    if (aligned) at += ((segs[i].offset - at) % 4 + 4) % 4;
+    segs[i].compute_offset = at;
+    at += segs[i].numel;
+  }
+  return segs;
+}
+
 TEST(AdamWGpu, BitExactAgainstCpuTwin) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
   int64_t p = 0;
@@ -87,6 +104,10 @@ TEST(AdamWGpu, BitExactAgainstCpuTwin) {
       test::compare_cpu_gpu(adamw_case("adamw misaligned", segs, p, Fill::gaussian(), 0, 1, 2)));
   EXPECT_TRUE(
       test::compare_cpu_gpu(adamw_case("adamw tiny grads", segs, p, Fill::small(), 0, 0, 1)));
+  EXPECT_TRUE(test::compare_cpu_gpu(adamw_case(
+      "adamw compact copies, float4", compact_copies(segs, true), p, Fill::gaussian(), 0, 0, 2)));
+  EXPECT_TRUE(test::compare_cpu_gpu(adamw_case(
+      "adamw compact copies, scalar", compact_copies(segs, false), p, Fill::gaussian(), 0, 0, 1)));
   // One big segment at offset 0 (the arena's usual layout: 256-byte aligned segments).
   const std::vector<ParamSegment> one = {{0, 1 << 20, true}};
   EXPECT_TRUE(test::compare_cpu_gpu(

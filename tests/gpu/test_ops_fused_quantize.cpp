@@ -179,6 +179,27 @@ void check_swiglu(int64_t n, int64_t f, Src src, Copies cp, bool delayed, bool w
   check_quantized(q_f, q_u, h_u, delayed, cp, st);
 }
 
+// swiglu_bwd_quantize (the gate_up linear's dY, E5M2 under HYBRID).
+void check_swiglu_bwd(int64_t n, int64_t f, Src src, Copies cp, bool delayed, bool with_d) {
+  SCOPED_TRACE(fmt::format("swiglu_bwd_quantize {}x{} {} {} {} {}", n, f, src_name(src), cp.name,
+                           delayed ? "delayed" : "current", with_d ? "dgate_up" : "no dgate_up"));
+  Context ctx(kGpu);
+  const Tensor gu = Tensor::copy_of(source(n, 2 * f, src, 3.0, 3), kGpu);  // [N, 2F]
+  const Tensor dy = Tensor::copy_of(source(n, f, src, 1.0, 4), kGpu);      // [N, F]
+  States st(ScalingPass::kBackward, 0.75f);
+  Guarded d(Shape{n, 2 * f}, DType::kBF16);
+  QuantizedTensor q_f, q_u;
+  swiglu_bwd_quantize(ctx, with_d ? d.view : TensorView(), dy, gu, make_cfg(delayed, st.fused, cp),
+                      q_f);
+  Tensor d_u = Tensor::empty({n, 2 * f}, DType::kBF16, kGpu);
+  swiglu_bwd(ctx, d_u, dy, gu);
+  quantize(ctx, d_u, make_cfg(delayed, st.unfused, cp), q_u);
+  ctx.synchronize();
+  if (with_d) EXPECT_TRUE(same_bytes("dgate_up", d_u, d.view));
+  EXPECT_TRUE(d.intact());
+  check_quantized(q_f, q_u, d_u, delayed, cp, st);
+}
+
 struct Shape2 {
   int64_t n, d;
 };
@@ -234,6 +255,29 @@ TEST(GpuFusedQuantize, SwigluModelShapes) {
       for (const Copies& cp : kCopies) check_swiglu(s.n, s.d, src, cp, true, true);
     }
     check_swiglu(s.n, s.d, Src::kGaussian, kCopies[2], false, false);
+  }
+}
+
+TEST(GpuFusedQuantize, SwigluBackwardSmallShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  for (const Shape2& s : kSmall) {
+    if (s.d > 8192) continue;
+    for (Src src : {Src::kGaussian, Src::kZeros, Src::kLarge, Src::kSpecials}) {
+      for (const Copies& cp : kCopies) {
+        for (bool delayed : {true, false}) check_swiglu_bwd(s.n, s.d, src, cp, delayed, true);
+      }
+    }
+    check_swiglu_bwd(s.n, s.d, Src::kGaussian, kCopies[2], true, false);
+  }
+}
+
+TEST(GpuFusedQuantize, SwigluBackwardModelShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  for (const Shape2& s : {Shape2{16384, 2048}, Shape2{4096, 8192}}) {
+    for (Src src : {Src::kGaussian, Src::kSpecials}) {
+      for (const Copies& cp : kCopies) check_swiglu_bwd(s.n, s.d, src, cp, true, true);
+    }
+    check_swiglu_bwd(s.n, s.d, Src::kGaussian, kCopies[2], true, false);
   }
 }
 
@@ -322,6 +366,30 @@ TEST(GpuFusedQuantizePerf, Bandwidth) {
       std::printf(
           "swiglu+fp8  %-7s N=%ld F=%ld: copy %.0f GB/s | fused %s (%.0f%% of copy) | unfused %s "
           "(eff %.0f GB/s) | speed-up %.2fx\n",
+          cp.name, long(n), long(f_dim), copy, f.str().c_str(), 100 * f.gb_per_s / copy,
+          u.str().c_str(), fused_bytes / (u.ms * 1e6), u.ms / f.ms);
+    }
+    // The backward: reads gate_up and dout (6 bytes per F-element), writes 2 codes per copy.
+    Tensor dy = Tensor::copy_of(source(n, f_dim, Src::kGaussian, 1.0, 4), kGpu);
+    Tensor dgu = Tensor::empty({n, 2 * f_dim}, DType::kBF16, kGpu);
+    DelayedScalingState sb(DelayedScalingConfig{}, ScalingPass::kBackward, 2, kGpu);
+    for (const Copies& cp : {kCopies[2]}) {
+      QuantConfig cfg = make_cfg(true, sb, cp);
+      const double fused_bytes = 6.0 * n * f_dim + 2.0 * (cp.col ? 2.0 : 1.0) * n * f_dim;
+      const double unfused_bytes = fused_bytes + 2 * 4.0 * n * f_dim;  // + dgate_up out and in
+      QuantizedTensor q;
+      const Perf f = time_gpu(
+          ctx, [&] { swiglu_bwd_quantize(ctx, TensorView(), dy, gu, cfg, q); }, fused_bytes);
+      const Perf u = time_gpu(
+          ctx,
+          [&] {
+            swiglu_bwd(ctx, dgu, dy, gu);
+            quantize(ctx, dgu, cfg, q);
+          },
+          unfused_bytes);
+      std::printf(
+          "swiglu bwd+fp8 %-7s N=%ld F=%ld: copy %.0f GB/s | fused %s (%.0f%% of copy) | unfused "
+          "%s (eff %.0f GB/s) | speed-up %.2fx\n",
           cp.name, long(n), long(f_dim), copy, f.str().c_str(), 100 * f.gb_per_s / copy,
           u.str().c_str(), fused_bytes / (u.ms * 1e6), u.ms / f.ms);
     }

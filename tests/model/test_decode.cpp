@@ -86,6 +86,26 @@ TEST(ModelDecode, PrefillThenStepsMatchLastLogits) {
   std::printf("  max |decode − last_logits| / max |logit| = %.3g\n", worst);
 }
 
+// Generation evaluates the trained weights in BF16 whatever the recipe: a quantized-recipe model
+// (whose block linears keep no bf16 compute copy) decodes exactly like the BF16 model with the
+// same master weights, also after the weights change.
+TEST(ModelDecode, QuantizedRecipesDecodeTheirWeightsInBf16) {
+  const ModelConfig c = decode_config();
+  Context ctx(Device::cpu());
+  const int B = 2, P = 5;
+  const Tensor tokens = random_tokens(B, P, c.vocab_size, 5);
+  LlamaModel ref(c, resolve_precision(Recipe::kBF16, c), ctx);
+  LlamaModel q(c, resolve_precision(Recipe::kFP8, c), ctx);
+  EXPECT_LT(q.params().compute_all.numel(), ref.params().compute_all.numel());
+  for (uint64_t seed : {11u, 12u}) {
+    ref.init_weights(seed);
+    // The same master weights (init_weights → sync_compute_weights → weights_changed()).
+    q.init_weights(seed);
+    KvCache ca(ctx, c, B, 8), cb(ctx, c, B, 8);
+    EXPECT_EQ(ref.decode(tokens, B, P, ca), q.decode(tokens, B, P, cb)) << "seed " << seed;
+  }
+}
+
 TEST(ModelDecode, CacheOverflowIsAClearErrorAndResetStartsOver) {
   const ModelConfig c = decode_config();
   Context ctx(Device::cpu());

@@ -1,10 +1,13 @@
 // The model layer on the CPU: configs, precision plans, and the decoder's gradients against
 // finite differences of its own loss.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
+#include "lowbit/formats.h"
 #include "lowbit/model.h"
 
 namespace lowbit {
@@ -219,29 +222,116 @@ TEST(ModelGradientTest, ActivationCheckpointingGivesIdenticalGradients) {
   EXPECT_EQ(grads[0], grads[1]);
 }
 
-// Recomputing the columnwise copies of the linears' inputs in the backward (the default) gives
-// the gradients of keeping them from the forward, bit for bit, in every quantized recipe.
+// Recomputing the columnwise copies of the linears' inputs and weights in the backward (the
+// default) gives the gradients of keeping them, bit for bit, in every quantized recipe.
 TEST(ModelGradientTest, RecomputedQuantizedInputsGiveIdenticalGradients) {
   const ModelConfig c = small_config();
   const int B = 2, T = 16;
   const Batch b = make_batch(B, T, c.vocab_size, 6);
   for (Recipe r : kAllRecipes) {
     if (r == Recipe::kBF16) continue;
-    std::vector<float> grads[2];
-    for (int keep = 0; keep < 2; ++keep) {
+    // 0: recompute both (default); 1: keep the inputs; 2: keep the weights' columnwise copies.
+    std::vector<float> grads[3];
+    for (int variant = 0; variant < 3; ++variant) {
       Context ctx(Device::cpu());  // fresh stochastic-rounding offsets (nvfp4 gradients)
       LlamaModel m(c, resolve_precision(r, c), ctx);
       m.init_weights(4);
       ForwardOptions o;
-      o.recompute_quantized_inputs = keep == 0;
+      o.recompute_quantized_inputs = variant != 1;
+      o.recompute_weight_columnwise = variant != 2;
       // Two micro-batches: the second recomputes under the amaxes the first recorded.
       for (int mb = 0; mb < 2; ++mb) {
         m.forward_backward(b.tokens, b.targets, B, T, 1.0f / float(b.valid), o);
       }
       const float* g = m.params().grad_all.ptr<float>();
-      grads[keep].assign(g, g + m.params().size());
+      grads[variant].assign(g, g + m.params().size());
     }
     EXPECT_EQ(grads[0], grads[1]) << recipe_name(r);
+    EXPECT_EQ(grads[0], grads[2]) << recipe_name(r);
+  }
+}
+
+// The model quantizes a weight's rowwise copy once per step and its columnwise copy in the
+// backward, separately: for every recipe's weight configuration each copy equals the one
+// quantize() makes of both at once (payloads, scales and amaxes, byte for byte).
+TEST(ModelGradientTest, WeightCopiesQuantizedSeparatelyEqualBothAtOnce) {
+  const ModelConfig c = small_config();
+  Context ctx(Device::cpu());
+  Tensor w = Tensor::empty({256, 128}, DType::kBF16, Device::cpu());  // [N, K]
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    // Gaussian weights with a few outliers (scales saturate differently per block).
+    const float v = i % 997 == 3 ? 40.0f * nd(rng) : nd(rng);
+    w.ptr<uint16_t>()[i] = f32_to_bf16_rn(v);
+  }
+  auto same = [](const Tensor& a, const Tensor& b) {
+    if (a.defined() != b.defined()) return false;
+    if (!a.defined()) return true;
+    return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+  };
+  for (Recipe r : kAllRecipes) {
+    if (r == Recipe::kBF16) continue;
+    QuantConfig cfg = resolve_precision(r, c).linears[0].w;
+    DelayedScalingState state(DelayedScalingConfig{}, ScalingPass::kForward, 1);
+    if (r == Recipe::kFP8) {
+      cfg.delayed = &state;
+      cfg.delayed_slot = 0;
+    }
+    auto q = [&](bool row, bool col) {
+      QuantConfig k = cfg;
+      k.rowwise = row;
+      k.columnwise = col;
+      QuantizedTensor out;
+      quantize(ctx, w, k, out);
+      return out;
+    };
+    const QuantizedTensor both = q(true, true), row = q(true, false), col = q(false, true);
+    EXPECT_TRUE(same(both.rowwise_data, row.rowwise_data)) << recipe_name(r);
+    EXPECT_TRUE(same(both.rowwise_scale_inv, row.rowwise_scale_inv)) << recipe_name(r);
+    EXPECT_TRUE(same(both.columnwise_data, col.columnwise_data)) << recipe_name(r);
+    EXPECT_TRUE(same(both.columnwise_scale_inv, col.columnwise_scale_inv)) << recipe_name(r);
+    EXPECT_TRUE(same(both.amax, row.amax)) << recipe_name(r);
+    // The dgrad's global scale (NVFP4) comes with the columnwise copy.
+    EXPECT_TRUE(same(both.columnwise_amax, col.columnwise_amax)) << recipe_name(r);
+    EXPECT_FALSE(row.has_columnwise());
+    EXPECT_FALSE(col.has_rowwise());
+  }
+}
+
+// Quantized block linears keep no bf16 compute copy of their weights; bf16 ones, the norms and
+// the embedding do. bf16_weight() gives RN_bf16(master) either way.
+TEST(ModelConfigTest, QuantizedLinearsKeepNoComputeCopy) {
+  const ModelConfig c = small_config();
+  Context ctx(Device::cpu());
+  PrecisionOverrides ov;
+  ov.bf16_layers = {1};  // block 1 stays bf16
+  LlamaModel m(c, resolve_precision(Recipe::kFP8, c, ov), ctx);
+  m.init_weights(3);
+  const ParamArena& a = m.params();
+  EXPECT_FALSE(a.has_compute(a.find("model.layers.0.self_attn.q_proj.weight")));
+  EXPECT_FALSE(a.has_compute(a.find("model.layers.0.mlp.down_proj.weight")));
+  EXPECT_TRUE(a.has_compute(a.find("model.layers.0.input_layernorm.weight")));
+  EXPECT_TRUE(a.has_compute(a.find("model.layers.1.self_attn.q_proj.weight")));
+  EXPECT_TRUE(a.has_compute(a.find("model.embed_tokens.weight")));
+  EXPECT_ANY_THROW(a.compute(a.find("model.layers.0.mlp.up_proj.weight")));
+  // The compact copy lacks exactly block 0's four linear weights.
+  int64_t linear0 = 0;
+  for (const char* n : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+    linear0 +=
+        a.params()[a.find(fmt::format("model.layers.0.self_attn.{}.weight", n))].shape.numel();
+  }
+  for (const char* n : {"gate_proj", "up_proj", "down_proj"}) {
+    linear0 += a.params()[a.find(fmt::format("model.layers.0.mlp.{}.weight", n))].shape.numel();
+  }
+  EXPECT_EQ(a.compute_all.numel(), a.size() - linear0);
+  // bf16_weight of a quantized linear: RN_bf16 of its master weight, rows of q, k, v fused.
+  const TensorView w0 = m.bf16_weight(0);
+  const int q = a.find("model.layers.0.self_attn.q_proj.weight");
+  const float* master = a.master(q).ptr<const float>();
+  ASSERT_EQ(w0.shape[1], c.d_model);
+  for (int64_t i = 0; i < w0.numel(); ++i) {
+    ASSERT_EQ(w0.ptr<const uint16_t>()[i], f32_to_bf16_rn(master[i])) << i;
   }
 }
 

@@ -55,6 +55,55 @@ float grad_at(int step, int64_t i) {
   return static_cast<float>(i >= 1064 ? 1e-9 * g : g);
 }
 
+// Compact bf16 copies (ParamSegment::compute_offset): the same master, m, v as the copies at
+// the master's offsets, each copy at its own offset, kNoCompute segments without one, and
+// overlapping or out-of-range copies rejected.
+TEST(AdamW, CompactComputeCopiesGoToTheirOffsets) {
+  Context ctx(Device::cpu());
+  Arena same(kP), compact(kP);
+  for (Arena* a : {&same, &compact}) {
+    for (int64_t i = 0; i < kP; ++i) {
+      a->master.ptr<float>()[i] = static_cast<float>(gauss(8, 0, i));
+      a->grad.ptr<float>()[i] = grad_at(1, i);
+    }
+  }
+  std::vector<ParamSegment> segs = kSegments;
+  std::vector<int64_t> at(segs.size(), -1);
+  int64_t next = 5;  // not a multiple of 4
+  for (size_t i = 0; i < segs.size(); ++i) {
+    if (i == 2) {
+      segs[i].compute_offset = ParamSegment::kNoCompute;
+      continue;
+    }
+    segs[i].compute_offset = at[i] = next;
+    next += segs[i].numel;
+  }
+  AdamWConfig cfg;
+  same.step(ctx, kSegments, cfg);
+  compact.step(ctx, segs, cfg);
+  EXPECT_EQ(std::memcmp(same.master.data(), compact.master.data(), same.master.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(same.v.data(), compact.v.data(), same.v.nbytes()), 0);
+  std::vector<bool> written(kP, false);
+  for (size_t i = 0; i < segs.size(); ++i) {
+    if (at[i] < 0) continue;
+    for (int64_t e = 0; e < segs[i].numel; ++e) {
+      ASSERT_EQ(compact.compute.ptr<uint16_t>()[at[i] + e],
+                same.compute.ptr<uint16_t>()[segs[i].offset + e]);
+      written[at[i] + e] = true;
+    }
+  }
+  for (int64_t e = 0; e < kP; ++e) {
+    if (!written[e]) ASSERT_EQ(compact.compute.ptr<uint16_t>()[e], 0) << e;  // untouched
+  }
+  // Two copies over the same elements, and a copy past the end of compute.
+  std::vector<ParamSegment> bad = segs;
+  bad[1].compute_offset = bad[0].compute_offset;
+  EXPECT_THROW(compact.step(ctx, bad, cfg), UserError);
+  bad = segs;
+  bad[4].compute_offset = kP - 3;
+  EXPECT_THROW(compact.step(ctx, bad, cfg), UserError);
+}
+
 TEST(AdamW, MatchesFloat64PyTorchFormulaOverSteps) {
   Context ctx(Device::cpu());
   Arena a(kP);

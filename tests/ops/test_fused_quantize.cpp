@@ -152,6 +152,38 @@ TEST(FusedQuantize, SwigluIsTheComposition) {
   }
 }
 
+TEST(FusedQuantize, SwigluBackwardIsTheComposition) {
+  Context ctx(Device::cpu());
+  for (const Shape2& s : kShapes) {
+    for (const Recipe& rc : recipes()) {
+      if (s.n % rc.align != 0 || (2 * s.d) % rc.align != 0) continue;
+      for (const bool specials : {false, true}) {
+        SCOPED_TRACE(fmt::format("{}x{} {} {}", s.n, s.d, rc.name, specials ? "specials" : ""));
+        const Tensor gu = source(s.n, 2 * s.d, 3.0, 23, specials);  // [N, 2F]
+        const Tensor dy = source(s.n, s.d, 1.0, 24, specials);      // [N, F]
+        DelayedScalingState s_fused = make_state(rc.pass), s_ref = make_state(rc.pass),
+                            s_absent = make_state(rc.pass);
+        Tensor d_ref = Tensor::empty({s.n, 2 * s.d}, DType::kBF16, Device::cpu());
+        QuantizedTensor q_ref;
+        swiglu_bwd(ctx, d_ref, dy, gu);
+        quantize(ctx, d_ref, rc.make(&s_ref), q_ref);
+        Tensor d = Tensor::empty({s.n, 2 * s.d}, DType::kBF16, Device::cpu());
+        QuantizedTensor q;
+        swiglu_bwd_quantize(ctx, d, dy, gu, rc.make(&s_fused), q);
+        EXPECT_TRUE(same_quantized(q_ref, q));
+        EXPECT_TRUE(same_bytes("dgate_up", d_ref, d));
+        QuantizedTensor q2;
+        swiglu_bwd_quantize(ctx, TensorView(), dy, gu, rc.make(&s_absent), q2);
+        EXPECT_TRUE(same_quantized(q_ref, q2));
+        if (rc.delayed) {
+          EXPECT_TRUE(same_bytes("history", s_ref.amax_history(), s_fused.amax_history()));
+          EXPECT_TRUE(same_bytes("history", s_ref.amax_history(), s_absent.amax_history()));
+        }
+      }
+    }
+  }
+}
+
 TEST(FusedQuantize, BadArgumentsAreUserErrors) {
   Context ctx(Device::cpu());
   const Device cpu = Device::cpu();
@@ -203,6 +235,17 @@ TEST(FusedQuantize, BadArgumentsAreUserErrors) {
   EXPECT_TRUE(
       throws_user_error([&] { swiglu_fwd_quantize(ctx, TensorView(), gu, QuantConfig::mx(), q); },
                         {"multiple of 32"}));
+
+  // swiglu_bwd_quantize: dout [N, F] against gate_up [N, 2F], dgate_up like gate_up.
+  Tensor dout = Tensor::zeros({4, 8}, DType::kBF16, cpu);
+  EXPECT_TRUE(throws_user_error([&] { swiglu_bwd_quantize(ctx, TensorView(), y_t, gu, cfg, q); },
+                                {"swiglu_bwd_quantize", "gate_up must be [N, 2F]"}));
+  Tensor dgu_small = Tensor::zeros({4, 8}, DType::kBF16, cpu);
+  EXPECT_TRUE(throws_user_error([&] { swiglu_bwd_quantize(ctx, dgu_small, dout, gu, cfg, q); },
+                                {"swiglu_bwd_quantize", "dgate_up"}));
+  Tensor dout_f = Tensor::zeros({4, 8}, DType::kF32, cpu);
+  EXPECT_TRUE(throws_user_error([&] { swiglu_bwd_quantize(ctx, TensorView(), dout_f, gu, cfg, q); },
+                                {"dout must be bf16"}));
 }
 
 }  // namespace
