@@ -186,10 +186,11 @@ struct ForwardOptions {
   // backward (bit-identical) instead of keeping it from the forward — less activation memory
   // for one extra RMSNorm/SwiGLU pass per block.
   bool recompute_quantized_inputs = true;
-  // Quantized linears: make the columnwise (transposed) copy of each weight for its dgrad in the
-  // backward, layer by layer, instead of keeping it for the whole step next to the rowwise copy
-  // (bit-identical; less memory for one extra conversion of each weight per micro-batch).
-  bool recompute_weight_columnwise = true;
+  // Quantized linears: quantize each weight where it is used — the rowwise copy in the forward,
+  // the columnwise (transposed) copy for dgrad in the backward, layer by layer — and drop it
+  // after its GEMM, instead of keeping both for the rest of the step (bit-identical; less memory,
+  // for one more conversion of each weight per micro-batch after the first).
+  bool recompute_quantized_weights = true;
   // Count saturated and underflowing elements of every quantized operand into the model's
   // quant-stats buffer (one extra pass over each operand; for the steps that log them).
   bool collect_quant_stats = false;
@@ -229,9 +230,10 @@ class LlamaModel {
   // The master weights changed (an optimizer step): the quantized weights and the bf16 weights
   // derived for decoding are rebuilt when next needed.
   void weights_changed();
-  // Quantizes every linear weight of the plan from RN_bf16(master) (once per optimizer step,
-  // after the update; the micro-batches of a step share it). Weights that reach the GEMMs only
-  // quantized keep no bf16 compute copy: each is converted into a transient one here.
+  // Quantizes every linear weight of the plan from RN_bf16(master), both copies, and keeps them
+  // until the weights change (otherwise the forward and backward quantize each weight where
+  // they use it: ForwardOptions::recompute_quantized_weights). Weights that reach the GEMMs
+  // only quantized keep no bf16 compute copy: each is converted into a transient one.
   void quantize_weights();
   // The bf16 weight [rows, cols] of block linear `lin` (l·4 + LinearKind) or of the head
   // (lin = L·4): the compute copy, or for a quantized linear a conversion of its master weight,

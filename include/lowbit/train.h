@@ -46,9 +46,10 @@ struct TrainOptions {
   // Quantized linears keep the columnwise copy of their inputs from the forward instead of
   // recomputing it in the backward (more memory, one RMSNorm/SwiGLU pass less per block).
   bool keep_quantized_inputs = false;
-  // Quantized linears keep the columnwise (dgrad) copy of their weights for the whole step
-  // instead of making it layer by layer in the backward (more memory, one conversion less).
-  bool keep_weight_columnwise = false;
+  // Quantized linears keep their quantized weights (both copies) for the whole step instead of
+  // quantizing each where it is used (more memory; fewer conversions with several
+  // micro-batches).
+  bool keep_quantized_weights = false;
   int loss_chunk_rows = 4096;
 
   // Run control.

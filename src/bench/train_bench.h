@@ -23,7 +23,7 @@ struct TrainBenchOptions {
   int steps = 10;
   bool activation_checkpointing = false;
   bool keep_quantized_inputs = false;   // see TrainOptions::keep_quantized_inputs
-  bool keep_weight_columnwise = false;  // see TrainOptions::keep_weight_columnwise
+  bool keep_quantized_weights = false;  // see TrainOptions::keep_quantized_weights
 };
 
 struct TrainBenchRow {

@@ -182,7 +182,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
     int warmup = 3;
     bool activation_checkpointing = false;
     bool keep_quantized_inputs = false;
-    bool keep_weight_columnwise = false;
+    bool keep_quantized_weights = false;
     std::string json_out;
   };
   auto t = std::make_shared<TrainOpts>();
@@ -202,8 +202,8 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                       "Recompute each block in the backward");
   train_cmd->add_flag("--keep_quantized_inputs", t->keep_quantized_inputs,
                       "Keep the quantized linears' wgrad inputs instead of recomputing them");
-  train_cmd->add_flag("--keep_weight_columnwise", t->keep_weight_columnwise,
-                      "Keep the quantized weights' dgrad copies for the whole step");
+  train_cmd->add_flag("--keep_quantized_weights", t->keep_quantized_weights,
+                      "Keep the quantized weights for the whole step instead of per layer");
   train_cmd->add_option("--json-out", t->json_out, "Also write one JSON object per row");
   train_cmd->callback([t, &action] {
     action = [t] {
@@ -224,7 +224,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       opt.warmup_steps = t->warmup;
       opt.activation_checkpointing = t->activation_checkpointing;
       opt.keep_quantized_inputs = t->keep_quantized_inputs;
-      opt.keep_weight_columnwise = t->keep_weight_columnwise;
+      opt.keep_quantized_weights = t->keep_quantized_weights;
       const std::vector<GpuInfo> gpus = list_gpus();
       std::printf("lowbit bench train on %s\n", gpus.empty() ? "the CPU" : gpus[0].name.c_str());
       std::printf("%-6s %-12s %9s %10s %12s %7s %11s %8s %8s\n", "preset", "recipe", "batch",

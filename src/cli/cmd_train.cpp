@@ -160,10 +160,9 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_flag("--keep_quantized_inputs", o.keep_quantized_inputs,
                 "Quantized linears keep their inputs' columnwise copies from the forward "
                 "(default: recompute them in the backward, bit-identical, less memory)");
-  cmd->add_flag("--keep_weight_columnwise", o.keep_weight_columnwise,
-                "Quantized linears keep their weights' columnwise (dgrad) copies for the whole "
-                "step (default: make them layer by layer in the backward, bit-identical, less "
-                "memory)");
+  cmd->add_flag("--keep_quantized_weights", o.keep_quantized_weights,
+                "Quantized linears keep their quantized weights for the whole step (default: "
+                "quantize each where it is used, layer by layer, bit-identical, less memory)");
   // Run control.
   cmd->add_option("--seed", o.seed, "Seed of initialisation, data order and rounding")
       ->capture_default_str();

@@ -63,18 +63,19 @@ struct LlamaModel::Impl {
   DType adt = DType::kBF16;  // activations and compute weights: bf16, or f32 (CPU reference)
   Tensor rope;               // [max_seq_len, Dh/2, 2] f32
   std::unique_ptr<DelayedScalingState> fwd_state, bwd_state;
-  // [L·4 + 1] quantized weights (head last): the rowwise copy (fprop), made once per step. The
-  // columnwise copy (dgrad) is made in the backward, layer by layer, from the same bf16 values
-  // and scales (bit-identical to making both at once), and kept in wq_col only when
-  // ForwardOptions::recompute_weight_columnwise is off.
+  // [L·4 + 1] quantized weights (head last): the rowwise copy (fprop) and the columnwise copy
+  // (dgrad). By default each is made where it is used — the rowwise one in the forward, the
+  // columnwise one in the backward, layer by layer — from the same bf16 values and scales
+  // (bit-identical to making both at once) and dropped after its GEMM; they are kept here for
+  // the rest of the step when ForwardOptions::recompute_quantized_weights is off or after
+  // quantize_weights().
   std::vector<QuantizedTensor> wq, wq_col;
-  bool weights_quantized = false;
   // [L·4 + 1] bf16 weights converted from the master for the decoder (linears that keep no
   // compute copy), until the weights change.
   std::vector<Tensor> dense;
-  bool recompute_inputs = true;  // ForwardOptions::recompute_quantized_inputs of this pass
-  bool recompute_w_col = true;   // ForwardOptions::recompute_weight_columnwise of this pass
-  bool collect_stats = false;    // ForwardOptions::collect_quant_stats of this pass
+  bool recompute_inputs = true;   // ForwardOptions::recompute_quantized_inputs of this pass
+  bool recompute_weights = true;  // ForwardOptions::recompute_quantized_weights of this pass
+  bool collect_stats = false;     // ForwardOptions::collect_quant_stats of this pass
   Tensor stats_counts;  // [L·4 + 1, 3, 2] i64: {saturated, underflow} per linear and operand
   std::vector<int64_t> stats_numel;  // [L·4 + 1, 3] elements counted (host)
   bool w_stats_done = false;         // weights are counted once per reset
@@ -167,31 +168,34 @@ struct LlamaModel::Impl {
     return q;
   }
 
+  // Quantizes every quantized linear's weight, both copies, and keeps them until the weights
+  // change.
   void quantize_weights() {
-    wq.resize(num_linears() + 1);
-    wq_col.assign(num_linears() + 1, QuantizedTensor{});
     for (int lin = 0; lin <= num_linears(); ++lin) {
-      const LinearPrecision& p = precision(lin);
-      if (p.recipe == Recipe::kBF16) continue;
-      Tensor keep;
-      quantize(ctx, weight_source(lin, keep), bind(p.w, lin, 1, true, false), wq[lin]);
+      if (precision(lin).recipe == Recipe::kBF16) continue;
+      QuantizedTensor tmp;
+      weight_copy(lin, true, tmp, true);
+      weight_copy(lin, false, tmp, true);
     }
-    weights_quantized = true;
   }
 
-  // The columnwise copy of linear `lin`'s weight for its dgrad: wq_col[lin] when kept, else
-  // made into `tmp` (see wq).
-  const QuantizedTensor& weight_columnwise(int lin, QuantizedTensor& tmp) {
-    if (wq_col[lin].has_columnwise()) return wq_col[lin];
-    const NvtxRange range(linear_name(lin) + " weight columnwise");
-    QuantizedTensor& out = recompute_w_col ? tmp : wq_col[lin];
-    Tensor keep;
-    quantize(ctx, weight_source(lin, keep), bind(precision(lin).w, lin, 1, false, true), out);
+  // One copy of linear `lin`'s quantized weight: rowwise (fprop) or columnwise (dgrad). The kept
+  // copy when there is one; else it is made, into the kept ones when `keep`, else into `tmp`.
+  const QuantizedTensor& weight_copy(int lin, bool rowwise, QuantizedTensor& tmp, bool keep) {
+    if (wq.empty()) {
+      wq.resize(num_linears() + 1);
+      wq_col.resize(num_linears() + 1);
+    }
+    QuantizedTensor& kept = rowwise ? wq[lin] : wq_col[lin];
+    if (rowwise ? kept.has_rowwise() : kept.has_columnwise()) return kept;
+    const NvtxRange range(linear_name(lin) + (rowwise ? " weight rowwise" : " weight columnwise"));
+    QuantizedTensor& out = keep ? kept : tmp;
+    Tensor src;
+    quantize(ctx, weight_source(lin, src), bind(precision(lin).w, lin, 1, rowwise, !rowwise), out);
     return out;
   }
 
   void weights_changed() {
-    weights_quantized = false;
     wq.clear();
     wq_col.clear();
     dense.clear();
@@ -225,7 +229,6 @@ struct LlamaModel::Impl {
       }
       return;
     }
-    LOWBIT_CHECK(weights_quantized, "quantize_weights() must run before the forward");
     QuantizedTensor xq;
     // The head's input is used by its backward right away; block linears recompute theirs.
     const bool keep_columnwise = saved != nullptr && (lin == head_index() || !recompute_inputs);
@@ -236,13 +239,15 @@ struct LlamaModel::Impl {
       quantize(ctx, x, qc, xq);
     }
     record_clip_stats(lin, 0, x, xq);
+    QuantizedTensor w_tmp;
+    const QuantizedTensor& wr = weight_copy(lin, true, w_tmp, !recompute_weights);
     if (collect_stats && !w_stats_done) {
-      Tensor keep;
-      record_clip_stats(lin, 1, weight_source(lin, keep), wq[lin]);
+      Tensor src;
+      record_clip_stats(lin, 1, weight_source(lin, src), wr);
     }
     GemmOptions o;
     o.role = GemmRole::kFprop;
-    gemm(ctx, GemmOperand::of(xq), GemmOperand::of(wq[lin]), y, o);
+    gemm(ctx, GemmOperand::of(xq), GemmOperand::of(wr), y, o);
     if (keep_columnwise) {
       xq.rowwise_data = Tensor();  // only the columnwise copy is needed (wgrad)
       xq.rowwise_scale_inv = Tensor();
@@ -273,7 +278,8 @@ struct LlamaModel::Impl {
     record_clip_stats(lin, 2, dy, dyq);
     if (dx) {
       QuantizedTensor tmp;
-      gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(weight_columnwise(lin, tmp)), *dx, dg);
+      const QuantizedTensor& wc = weight_copy(lin, false, tmp, !recompute_weights);
+      gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(wc), *dx, dg);
     }
     gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(saved.xq), weight_grad(lin), wg);
   }
@@ -476,9 +482,8 @@ struct LlamaModel::Impl {
     const int64_t N = int64_t(B) * T, D = cfg.d_model, V = cfg.vocab_size;
     const bool backward = grad_scale > 0;
     recompute_inputs = opt.recompute_quantized_inputs;
-    recompute_w_col = opt.recompute_weight_columnwise;
+    recompute_weights = opt.recompute_quantized_weights;
     collect_stats = opt.collect_quant_stats;
-    if (!weights_quantized) quantize_weights();
     Tensor tokens = upload_i32(tokens_in, N);
     Tensor x = act({N, D}, adt, dev);
     embedding_fwd(ctx, x, tokens.view().reshape({N}), param(p_embed));
@@ -714,7 +719,6 @@ std::vector<float> LlamaModel::last_logits(const TensorView& tokens, int batch, 
   // The forward up to the final norm, then the head on the last row of each sequence.
   Impl& m = *impl_;
   const int64_t N = int64_t(batch) * seq_len, D = cfg_.d_model, V = cfg_.vocab_size;
-  if (!m.weights_quantized) m.quantize_weights();
   Tensor tok = m.upload_i32(tokens, N);
   Tensor x = act({N, D}, m.adt, ctx_.device());
   embedding_fwd(ctx_, x, tok.view().reshape({N}), m.param(m.p_embed));

@@ -27,7 +27,6 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   // micro-batches add up to the gradient of the step's mean loss.
   const float grad_scale = 1.0f / float(std::max<int64_t>(out.valid, 1));
   fill_bytes(arena.grad_all, 0);
-  model_.quantize_weights();
   double loss_sum = 0;
   for (const MicroBatch& m : micro) {
     const NvtxRange mb_range("micro-batch forward+backward");

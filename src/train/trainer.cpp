@@ -336,7 +336,7 @@ TrainResult train(const TrainOptions& options) {
     ForwardOptions fo;
     fo.activation_checkpointing = opt.activation_checkpointing;
     fo.recompute_quantized_inputs = !opt.keep_quantized_inputs;
-    fo.recompute_weight_columnwise = !opt.keep_weight_columnwise;
+    fo.recompute_quantized_weights = !opt.keep_quantized_weights;
     const bool stats_step = opt.stats_every > 0 && (step + 1) % opt.stats_every == 0;
     fo.collect_quant_stats = stats_step && model.plan().any_quantized();
     fo.loss_chunk_rows = opt.loss_chunk_rows;

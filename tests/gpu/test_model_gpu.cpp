@@ -99,8 +99,8 @@ TEST_P(GpuModel, RecomputedQuantizedInputsGiveIdenticalGradients) {
   for (int64_t i = 0; i < tokens.numel(); ++i) {
     tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 512);
   }
-  // 0: recompute inputs and weight columnwise copies (default); 1: keep the inputs; 2: keep the
-  // weights' columnwise copies.
+  // 0: recompute inputs and quantized weights (default); 1: keep the inputs; 2: keep the
+  // quantized weights.
   std::vector<float> grads[3];
   for (int variant = 0; variant < 3; ++variant) {
     Context gpu(Device::cuda(0));
@@ -108,7 +108,7 @@ TEST_P(GpuModel, RecomputedQuantizedInputsGiveIdenticalGradients) {
     m.init_weights(6);
     ForwardOptions o;
     o.recompute_quantized_inputs = variant != 1;
-    o.recompute_weight_columnwise = variant != 2;
+    o.recompute_quantized_weights = variant != 2;
     for (int mb = 0; mb < 2; ++mb) {
       m.forward_backward(tokens, tokens, B, T, 1.0f / float(tokens.numel()), o);
     }

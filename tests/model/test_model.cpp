@@ -230,7 +230,7 @@ TEST(ModelGradientTest, RecomputedQuantizedInputsGiveIdenticalGradients) {
   const Batch b = make_batch(B, T, c.vocab_size, 6);
   for (Recipe r : kAllRecipes) {
     if (r == Recipe::kBF16) continue;
-    // 0: recompute both (default); 1: keep the inputs; 2: keep the weights' columnwise copies.
+    // 0: recompute both (default); 1: keep the inputs; 2: keep the quantized weights.
     std::vector<float> grads[3];
     for (int variant = 0; variant < 3; ++variant) {
       Context ctx(Device::cpu());  // fresh stochastic-rounding offsets (nvfp4 gradients)
@@ -238,7 +238,7 @@ TEST(ModelGradientTest, RecomputedQuantizedInputsGiveIdenticalGradients) {
       m.init_weights(4);
       ForwardOptions o;
       o.recompute_quantized_inputs = variant != 1;
-      o.recompute_weight_columnwise = variant != 2;
+      o.recompute_quantized_weights = variant != 2;
       // Two micro-batches: the second recomputes under the amaxes the first recorded.
       for (int mb = 0; mb < 2; ++mb) {
         m.forward_backward(b.tokens, b.targets, B, T, 1.0f / float(b.valid), o);
