@@ -49,9 +49,14 @@ enum class Fp8Accumulation : uint8_t {
 struct GemmOptions {
   GemmRole role = GemmRole::kFprop;
   // out = alpha · A'·B'ᵀ + beta · out (+ bias). beta ≠ 0 needs an f32 `out` (wgrad accumulation
-  // into an fp32 gradient buffer across micro-batches).
+  // into an fp32 gradient buffer across micro-batches) or a separate `c`.
   float alpha = 1.0f;
   float beta = 0.0f;
+  // The beta term's input when it is not out itself: out = alpha · A'·B'ᵀ + beta · c (+ bias),
+  // with c [R, C] of out's dtype, contiguous like out, read before out is written (it may alias
+  // out). With c, beta ≠ 0 is allowed for a bf16 out: e.g. a residual added in the GEMM's
+  // epilogue (beta = 1), summed in fp32 and rounded once.
+  const TensorView* c = nullptr;
   // [C] bf16 or f32, added to every row of out; optional. On the GPU the add is fused into
   // cuBLASLt's epilogue (alpha·acc + beta·out + bias in fp32, one rounding to out's type) where
   // cuBLASLt takes the combination: a bias of out's dtype with bf16 operands (and the emulated
@@ -102,8 +107,8 @@ bool gemm_autotune();
 GemmBackend gemm_backend_for(const Context& ctx, const GemmOperand& a, const GemmOperand& b);
 
 // Float64 reference of the same product over the dequantized operands (tests only): [R, C]
-// row-major on the CPU; `out_before` is the beta term's input. NaN/inf propagate as IEEE
-// arithmetic does.
+// row-major on the CPU; `out_before` is the beta term's input (opt.c when given). NaN/inf
+// propagate as IEEE arithmetic does.
 std::vector<double> gemm_reference_f64(const GemmOperand& a, const GemmOperand& b,
                                        const GemmOptions& opt,
                                        const TensorView* out_before = nullptr);

@@ -249,10 +249,18 @@ CanonGemm canonicalize(const Context& ctx, const GemmOperand& a, const GemmOpera
                     out.device.str(), dev.str());
   LOWBIT_USER_CHECK(out.is_contiguous(), "{}: out must be contiguous, got strides {}", p,
                     out.strides.str());
-  LOWBIT_USER_CHECK(opt.beta == 0.0f || out.dtype == DType::kF32,
+  LOWBIT_USER_CHECK(opt.beta == 0.0f || out.dtype == DType::kF32 || opt.c != nullptr,
                     "{}: beta = {} accumulates into out, which needs an f32 out (got {}); "
-                    "use an f32 buffer or beta = 0",
+                    "use an f32 buffer, beta = 0, or pass the added tensor as c",
                     p, opt.beta, out.str());
+  if (opt.c != nullptr) {
+    const TensorView& c = *opt.c;
+    LOWBIT_USER_CHECK(c.ndim() == 2 && c.shape == out.shape && c.dtype == out.dtype &&
+                          c.device == dev && c.is_contiguous(),
+                      "{}: c (the beta term's input) must be like out: {} {}, contiguous, on {}; "
+                      "got {}",
+                      p, dtype_name(out.dtype), out.shape.str(), dev.str(), c.str());
+  }
   if (opt.bias != nullptr) {
     const TensorView& bias = *opt.bias;
     LOWBIT_USER_CHECK(bias.ndim() == 1 && bias.shape[0] == g.C,

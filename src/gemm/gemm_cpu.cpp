@@ -84,13 +84,19 @@ void gemm_cpu(const CanonGemm& g, const TensorView& out, const GemmOptions& opt)
               static_cast<blasint>(g.C));
   std::vector<float> bias;
   if (opt.bias != nullptr) bias = vector_f32(*opt.bias);
-  // out = alpha · acc + beta · out + bias, in f32; out is read only when beta ≠ 0 (as cuBLAS).
+  // out = alpha · acc + beta · C + bias, in f32, C = opt.c or out; C is read only when beta ≠ 0
+  // (as cuBLAS), element i before out[i] is written (c may alias out).
   const bool f32_out = out.dtype == DType::kF32;
+  const TensorView& cin = opt.c != nullptr ? *opt.c : out;
+  auto c_at = [&](int64_t i) {
+    return cin.dtype == DType::kF32 ? cin.ptr<const float>()[i]
+                                    : bf16_to_f32(cin.ptr<const uint16_t>()[i]);
+  };
   for (int64_t r = 0; r < g.R; ++r) {
     for (int64_t c = 0; c < g.C; ++c) {
       const int64_t i = r * g.C + c;
       float v = opt.alpha * acc[static_cast<size_t>(i)];
-      if (opt.beta != 0.0f) v += opt.beta * out.ptr<const float>()[i];
+      if (opt.beta != 0.0f) v += opt.beta * c_at(i);
       if (!bias.empty()) v += bias[static_cast<size_t>(c)];
       if (f32_out) {
         out.ptr<float>()[i] = v;

@@ -84,6 +84,7 @@ struct LtProblem {
   LtOperand a, b;  // cuBLASLt's A and B (see the mapping in run_lt)
   int64_t m = 0, n = 0, k = 0;
   void* d = nullptr;
+  const void* c = nullptr;  // the beta term's input (GemmOptions::c); null: C = D
   DType d_dtype = DType::kBF16;
   int64_t ldd = 0;
   bool fp8 = false;
@@ -97,7 +98,9 @@ struct LtProblem {
   DType bias_dtype = DType::kBF16;
 };
 
-using PlanKey = std::array<int64_t, 22>;
+using PlanKey = std::array<int64_t, 23>;
+
+const void* c_ptr(const LtProblem& p) { return p.c != nullptr ? p.c : p.d; }
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -194,7 +197,7 @@ cublasStatus_t make_plan(cublasLtHandle_t lt, const LtProblem& p, bool bias_epil
     };
     layout(p.a, p.k, &plan.a);
     layout(p.b, p.k, &plan.b);
-    // C and D share one layout (C = D = out; beta · out reads it).
+    // C and D share one layout (C = out, or GemmOptions::c laid out like out).
     LOWBIT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.cd, lt_type(p.d_dtype), p.m, p.n, p.ldd));
 
     cublasLtMatmulPreference_t pref = nullptr;
@@ -208,10 +211,10 @@ cublasStatus_t make_plan(cublasLtHandle_t lt, const LtProblem& p, bool bias_epil
       // The real pointer alignments (capped at 256), as TE passes them (formats.md §4.3); the
       // plan key holds them, so a less aligned call gets its own plan.
       const uint32_t al_a = ptr_alignment(p.a.ptr), al_b = ptr_alignment(p.b.ptr),
-                     al_d = ptr_alignment(p.d);
+                     al_d = ptr_alignment(p.d), al_c = ptr_alignment(c_ptr(p));
       set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a);
       set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
-      set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
+      set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c);
       set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
       if (p.d_dtype == DType::kBF16) {
         // A bf16 out is rounded once: split-K only with partial sums kept in fp32 (no in-place
@@ -336,9 +339,9 @@ int time_candidates(Context& ctx, cublasLtHandle_t lt, const Plan& plan, const L
   }
   const SyncOnExit sync{stream};  // destroyed before `scratch`
   auto launch = [&](int i) {
-    return cublasLtMatmul(lt, plan.desc, p.alpha, p.a.ptr, plan.a, p.b.ptr, plan.b, p.beta, p.d,
-                          plan.cd, scratch.data(), plan.cd, &plan.candidates[i].algo, p.workspace,
-                          kLtWorkspaceBytes, stream);
+    return cublasLtMatmul(lt, plan.desc, p.alpha, p.a.ptr, plan.a, p.b.ptr, plan.b, p.beta,
+                          c_ptr(p), plan.cd, scratch.data(), plan.cd, &plan.candidates[i].algo,
+                          p.workspace, kLtWorkspaceBytes, stream);
   };
   // One call of each candidate (module loading), then one more timed alone to size the bursts.
   const int n = static_cast<int>(plan.candidates.size());
@@ -453,7 +456,8 @@ bool run_lt(Context& ctx, const LtProblem& p) {
                  ptr_alignment(p.a.ptr),
                  ptr_alignment(p.b.ptr),
                  ptr_alignment(p.d),
-                 bias_wanted ? ptr_alignment(p.bias) : 0};
+                 bias_wanted ? ptr_alignment(p.bias) : 0,
+                 ptr_alignment(c_ptr(p))};
   auto lt = reinterpret_cast<cublasLtHandle_t>(ctx.cublaslt());
   std::lock_guard<std::mutex> lock(g_plan_mutex);
   auto& cache = plan_cache();
@@ -479,7 +483,7 @@ bool run_lt(Context& ctx, const LtProblem& p) {
   const int index = autotune && plan.tuned ? plan.chosen : 0;
   const cublasLtMatmulAlgo_t& algo = plan.candidates[index].algo;
   LOWBIT_CUBLAS_CHECK(cublasLtMatmul(lt, plan.desc, p.alpha, p.a.ptr, plan.a, p.b.ptr, plan.b,
-                                     p.beta, p.d, plan.cd, p.d, plan.cd, &algo, p.workspace,
+                                     p.beta, c_ptr(p), plan.cd, p.d, plan.cd, &algo, p.workspace,
                                      kLtWorkspaceBytes, ctx.stream()));
   GemmCudaLastCall& last = g_last_call;
   last.valid = true;
@@ -609,9 +613,15 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
                "gemm_cuda: out {} is not [{}, {}]", out.str(), g.R, g.C);
   LOWBIT_CHECK(out.strides[1] == 1 || g.C <= 1, "gemm_cuda: out {} needs a unit inner stride",
                out.str());
-  LOWBIT_USER_CHECK(opt.beta == 0.0f || out.dtype == DType::kF32,
-                    "gemm: beta = {} needs an f32 output (got {}); accumulate into an f32 buffer",
+  LOWBIT_USER_CHECK(opt.beta == 0.0f || out.dtype == DType::kF32 || opt.c != nullptr,
+                    "gemm: beta = {} needs an f32 output (got {}) or a separate c; accumulate "
+                    "into an f32 buffer",
                     opt.beta, out.str());
+  // The beta term reads c (when given, with out's layout) instead of out; unused for beta = 0.
+  const void* c_data = opt.c != nullptr && opt.beta != 0.0f ? opt.c->data : nullptr;
+  LOWBIT_CHECK(c_data == nullptr || (opt.c->dtype == out.dtype && opt.c->shape == out.shape &&
+                                     opt.c->strides == out.strides),
+               "gemm_cuda: c {} is not laid out like out {}", opt.c->str(), out.str());
   if (opt.bias != nullptr) {
     const TensorView& b = *opt.bias;
     LOWBIT_CHECK(b.dtype == DType::kBF16 || b.dtype == DType::kF32,
@@ -630,9 +640,12 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
                       "gemm: an empty contraction (K = 0) with beta = {} is not supported on the "
                       "GPU; use beta 0 or 1",
                       opt.beta);
+    const size_t esz = out.dtype == DType::kBF16 ? 2 : 4;
     if (opt.beta == 0.0f) {
-      const size_t esz = out.dtype == DType::kBF16 ? 2 : 4;
       LOWBIT_CUDA_CHECK(cudaMemset2DAsync(out.data, ldd * esz, 0, g.C * esz, g.R, stream));
+    } else if (c_data != nullptr && c_data != out.data) {
+      LOWBIT_CUDA_CHECK(cudaMemcpy2DAsync(out.data, ldd * esz, c_data, ldd * esz, g.C * esz, g.R,
+                                          cudaMemcpyDeviceToDevice, stream));
     }
   } else {
     LtProblem p;
@@ -640,6 +653,7 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
     p.n = g.R;
     p.k = g.Kc;
     p.d = out.data;
+    p.c = c_data;
     p.d_dtype = out.dtype;
     p.ldd = ldd;
 

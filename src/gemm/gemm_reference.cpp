@@ -40,6 +40,7 @@ std::vector<double> gemm_reference_f64(const GemmOperand& a, const GemmOperand& 
   const std::vector<float> am = canon_operand_f32(g.a);
   const std::vector<float> bm = canon_operand_f32(g.b);
   std::vector<double> before, bias;
+  if (opt.beta != 0.0f && opt.c != nullptr) out_before = opt.c;  // the beta term reads c
   if (opt.beta != 0.0f) {
     LOWBIT_USER_CHECK(out_before != nullptr,
                       "gemm_reference_f64: beta = {} needs the output's previous values", opt.beta);

@@ -4,11 +4,11 @@
 //   ln1 = rmsnorm(x)                       rstd1 [N]
 //   qkv = ln1 · Wqkvᵀ                      [N, (H + 2·Hkv)·Dh], q and k rotated in place
 //   att = attention(q, k, v)               [N, H·Dh], lse [B, H, T]
-//   x'  = x + att · Woᵀ
+//   x'  = x + att · Woᵀ                    (the add in the GEMM's epilogue: one rounding)
 //   ln2 = rmsnorm(x')                      rstd2 [N]
 //   gu  = ln2 · Wguᵀ                       [N, 2F] (gate | up)
 //   h   = silu(gate) · up                  [N, F]
-//   out = x' + h · Wdownᵀ
+//   out = x' + h · Wdownᵀ                  (likewise)
 // Each of the four linears runs in its plan's recipe: quantized recipes quantize X (rowwise
 // for fprop), W (once per step) and dY (in the backward). The columnwise copy of X that wgrad
 // needs is by default not kept: the backward recomputes it from what the block keeps anyway
@@ -216,13 +216,21 @@ struct LlamaModel::Impl {
   // y [M, Nout] bf16 = x [M, K] · Wᵀ. `saved` (training) receives what the backward needs;
   // `x_owner` is an activation that holds x and that the caller keeps anyway, or null. With
   // `produce` (quantized recipes), X is quantized by it and x may be empty (it is read only for
-  // the clip statistics).
+  // the clip statistics). With `residual` ([M, Nout], may alias y) the GEMM's epilogue adds it:
+  // y = x · Wᵀ + residual, summed in fp32 and rounded once.
   void linear_fwd(int lin, const TensorView& x, const Tensor* x_owner, const TensorView& y,
-                  LinearSaved* saved, const Producer* produce = nullptr) {
+                  LinearSaved* saved, const Producer* produce = nullptr,
+                  const TensorView* residual = nullptr) {
     const NvtxRange range(linear_name(lin));
     const LinearPrecision& p = precision(lin);
+    GemmOptions o;
+    o.role = GemmRole::kFprop;
+    if (residual != nullptr) {
+      o.c = residual;
+      o.beta = 1.0f;
+    }
     if (p.recipe == Recipe::kBF16) {
-      gemm(ctx, GemmOperand::of(x), GemmOperand::of(weight(lin)), y, {});
+      gemm(ctx, GemmOperand::of(x), GemmOperand::of(weight(lin)), y, o);
       if (saved) {
         saved->x = x;
         if (x_owner) saved->x_keep = *x_owner;
@@ -245,8 +253,6 @@ struct LlamaModel::Impl {
       Tensor src;
       record_clip_stats(lin, 1, weight_source(lin, src), wr);
     }
-    GemmOptions o;
-    o.role = GemmRole::kFprop;
     gemm(ctx, GemmOperand::of(xq), GemmOperand::of(wr), y, o);
     if (keep_columnwise) {
       xq.rowwise_data = Tensor();  // only the columnwise copy is needed (wgrad)
@@ -355,13 +361,14 @@ struct LlamaModel::Impl {
     const NvtxRange attn_range("attention");
     attention_fwd(ctx, att.view().reshape({B, T, H, Dh}), lse, q, k, v,
                   1.0f / std::sqrt(static_cast<float>(Dh)));
-    Tensor x_mid = act({N, D}, adt, dev);
-    linear_fwd(lin0 + 1, att, &att, x_mid, s ? &s->lin[1] : nullptr);
-    add(ctx, x_mid, x_mid, x);
+    Tensor x_mid = act({N, D}, adt, dev);  // x + att · Woᵀ (the residual add in the epilogue)
+    const TensorView xv = x.view();
+    linear_fwd(lin0 + 1, att, &att, x_mid, s ? &s->lin[1] : nullptr, nullptr, &xv);
     Tensor rstd2 = act({N}, DType::kF32, dev);
     Tensor gu = act({N, 2 * F}, adt, dev);
     norm_linear_fwd(lin0 + 2, x_mid, p_layer(l, 5), rstd2, gu, s ? &s->lin[2] : nullptr);
-    Tensor out = act({N, D}, adt, dev);
+    Tensor out = act({N, D}, adt, dev);  // x_mid + h · Wdownᵀ
+    const TensorView x_mid_v = x_mid.view();
     {
       // h = silu(gate)·up: [N, F] bf16 for a bf16 linear (or the clip statistics); quantized
       // linears take it quantized from the SwiGLU itself.
@@ -373,13 +380,12 @@ struct LlamaModel::Impl {
         const Producer make = [&](const QuantConfig& qc, QuantizedTensor& xq) {
           swiglu_fwd_quantize(ctx, hv, gu, qc, xq);
         };
-        linear_fwd(lin0 + 3, hv, nullptr, out, s ? &s->lin[3] : nullptr, &make);
+        linear_fwd(lin0 + 3, hv, nullptr, out, s ? &s->lin[3] : nullptr, &make, &x_mid_v);
       } else {
         swiglu_fwd(ctx, h, gu);
-        linear_fwd(lin0 + 3, h, &h, out, s ? &s->lin[3] : nullptr);
+        linear_fwd(lin0 + 3, h, &h, out, s ? &s->lin[3] : nullptr, nullptr, &x_mid_v);
       }
     }
-    add(ctx, out, out, x_mid);
     if (s) {
       s->x_in = x;
       s->rstd1 = std::move(rstd1);

@@ -156,14 +156,20 @@ std::vector<float> LlamaModel::decode(const TensorView& tokens, int batch, int t
     kv_cache_write(ctx_, cache.v(l), v, t0);
     attention_cache_fwd(ctx_, att.view().reshape({B, T, H, Dh}), q, cache.k(l), cache.v(l), t0,
                         scale);
+    // The residual adds run in the GEMMs' epilogues (one rounding), as in the forward.
+    GemmOptions residual;
+    residual.beta = 1.0f;
+    const TensorView xv = x.view(), x_mid_v = x_mid.view();
+    residual.c = &xv;
     gemm(ctx_, GemmOperand::of(att), GemmOperand::of(bf16_weight(l * kLinearsPerBlock + 1)), x_mid,
-         {});
-    add(ctx_, x_mid, x_mid, x);
+         residual);
     rmsnorm_fwd(ctx_, ln, rstd, x_mid, a.compute(p + 5), cfg.norm_eps);
     gemm(ctx_, GemmOperand::of(ln), GemmOperand::of(bf16_weight(l * kLinearsPerBlock + 2)), gu, {});
     swiglu_fwd(ctx_, h, gu);
-    gemm(ctx_, GemmOperand::of(h), GemmOperand::of(bf16_weight(l * kLinearsPerBlock + 3)), x, {});
-    add(ctx_, x, x, x_mid);  // x is the block's output, the next block's input
+    // x is the block's output, the next block's input.
+    residual.c = &x_mid_v;
+    gemm(ctx_, GemmOperand::of(h), GemmOperand::of(bf16_weight(l * kLinearsPerBlock + 3)), x,
+         residual);
   }
   cache.length_ = t0 + T;
 

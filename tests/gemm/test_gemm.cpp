@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -346,6 +347,50 @@ TEST(GemmCpu, AlphaBetaBiasAccumulateIntoF32) {
       }
     }
   }
+}
+
+// A separate c for the beta term: out (bf16 or f32) = acc + c, one rounding; c may alias out;
+// c must be shaped and typed like out.
+TEST(GemmCpu, SeparateCAddsAResidualWithOneRounding) {
+  const int64_t m = 24, n = 40, k = 64;
+  const Tensor x = make({m, k}, quant_test::fill_fn(Fill::kGaussian, 41));
+  const Tensor w = make({n, k}, quant_test::fill_fn(Fill::kGaussian, 42));
+  const Tensor res = make({m, n}, quant_test::fill_fn(Fill::kGaussian, 43));  // bf16
+  Context ctx(Device::cpu());
+  GemmOptions opt;
+  opt.beta = 1.0f;
+  const TensorView rv = res.view();
+  opt.c = &rv;
+  Tensor out = Tensor::empty({m, n}, DType::kBF16, Device::cpu());
+  gemm(ctx, GemmOperand::of(x), GemmOperand::of(w), out, opt);
+  const std::vector<double> ref = gemm_reference_f64(GemmOperand::of(x), GemmOperand::of(w), opt);
+  // The same sum rounded once: compare with the f32 product plus c, rounded to bf16.
+  GemmOptions plain;
+  Tensor acc = Tensor::empty({m, n}, DType::kF32, Device::cpu());
+  gemm(ctx, GemmOperand::of(x), GemmOperand::of(w), acc, plain);
+  for (int64_t i = 0; i < m * n; ++i) {
+    const float want = acc.ptr<float>()[i] + bf16_to_f32(res.ptr<uint16_t>()[i]);
+    ASSERT_EQ(out.ptr<uint16_t>()[i], f32_to_bf16_rn(want)) << i;
+    ASSERT_NEAR(bf16_to_f32(out.ptr<uint16_t>()[i]), ref[size_t(i)],
+                0x1p-7 * std::fabs(ref[size_t(i)]) + 1e-3);
+  }
+  // c aliasing out: out += x · wᵀ in place.
+  Tensor inplace = Tensor::copy_of(res, Device::cpu());
+  const TensorView iv = inplace.view();
+  opt.c = &iv;
+  gemm(ctx, GemmOperand::of(x), GemmOperand::of(w), inplace, opt);
+  EXPECT_EQ(std::memcmp(inplace.data(), out.data(), size_t(out.nbytes())), 0);
+  // Shape and dtype of c.
+  const Tensor wrong = Tensor::zeros({m, n + 1}, DType::kBF16, Device::cpu());
+  const Tensor wrong_t = Tensor::zeros({m, n}, DType::kF32, Device::cpu());
+  for (const Tensor* bad : {&wrong, &wrong_t}) {
+    const TensorView bv = bad->view();
+    opt.c = &bv;
+    EXPECT_THROW(gemm(ctx, GemmOperand::of(x), GemmOperand::of(w), out, opt), UserError);
+  }
+  // Without c a bf16 out still refuses beta ≠ 0.
+  opt.c = nullptr;
+  EXPECT_THROW(gemm(ctx, GemmOperand::of(x), GemmOperand::of(w), out, opt), UserError);
 }
 
 // --- backend and accumulation policy ------------------------------------------------------------

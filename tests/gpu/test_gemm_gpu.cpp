@@ -329,6 +329,8 @@ struct RunSpec {
   bool against_cpu_gemm = false;
   // Whether cuBLASLt's epilogue must have added the bias (unset: either way).
   std::optional<bool> expect_bias_epilogue;
+  // beta's term reads a separate c of out's dtype (GemmOptions::c, e.g. a residual), not out.
+  bool separate_c = false;
 };
 
 // What the last check_role() saw of the CUDA backend (which algorithm, where the bias went).
@@ -375,8 +377,24 @@ void check_role(Context& ctx, const Recipe& rc, const Operand& x, const Operand&
 
   Tensor before_cpu;
   std::vector<float> before_host;
-  Tensor out_gpu;
-  if (spec.beta != 0.0f) {
+  Tensor out_gpu, c_gpu;
+  if (spec.separate_c) {
+    // c in out's dtype (4× a bf16 value: exact in either); out is NaN garbage, never read.
+    Tensor src = make_source(ro.R, ro.C, Fill::kNormal, 4321 + ro.R);
+    before_cpu = Tensor::empty({ro.R, ro.C}, spec.out, Device::cpu());
+    for (int64_t i = 0; i < ro.R * ro.C; ++i) {
+      const float v = 4.0f * bf16_to_f32(src.ptr<const uint16_t>()[i]);
+      if (spec.out == DType::kF32) {
+        before_cpu.ptr<float>()[i] = v;
+      } else {
+        before_cpu.ptr<uint16_t>()[i] = f32_to_bf16_rn(v);
+      }
+    }
+    c_gpu = Tensor::copy_of(before_cpu.view(), Device::cuda(0));
+    before_host = to_host_f32(before_cpu.view());
+    out_gpu = Tensor::empty({ro.R, ro.C}, spec.out, Device::cuda(0));
+    fill_bytes(out_gpu.view(), 0xFF);
+  } else if (spec.beta != 0.0f) {
     Tensor src = make_source(ro.R, ro.C, Fill::kNormal, 1234 + ro.R);
     before_cpu = Tensor::empty({ro.R, ro.C}, DType::kF32, Device::cpu());
     for (int64_t i = 0; i < ro.R * ro.C; ++i) {
@@ -393,6 +411,12 @@ void check_role(Context& ctx, const Recipe& rc, const Operand& x, const Operand&
   if (spec.bias) {
     gpu_opt.bias = &bias_gpu.view();
     cpu_opt.bias = &bias_cpu.view();
+  }
+  const TensorView c_gpu_v = c_gpu.defined() ? c_gpu.view() : TensorView();
+  const TensorView c_cpu_v = spec.separate_c ? before_cpu.view() : TensorView();
+  if (spec.separate_c) {
+    gpu_opt.c = &c_gpu_v;
+    cpu_opt.c = &c_cpu_v;
   }
   gemm(ctx, ro.a->gpu(), ro.b->gpu(), out_gpu.view(), gpu_opt);
   g_checked_call = gemm_cuda_last_call();
@@ -425,8 +449,9 @@ void check_role(Context& ctx, const Recipe& rc, const Operand& x, const Operand&
 
   if (spec.against_cpu_gemm) {
     Context cpu_ctx(Device::cpu());
-    Tensor out_cpu = spec.beta != 0.0f ? Tensor::copy_of(before_cpu.view(), Device::cpu())
-                                       : Tensor::zeros({ro.R, ro.C}, spec.out, Device::cpu());
+    Tensor out_cpu = spec.beta != 0.0f && !spec.separate_c
+                         ? Tensor::copy_of(before_cpu.view(), Device::cpu())
+                         : Tensor::zeros({ro.R, ro.C}, spec.out, Device::cpu());
     gemm(cpu_ctx, ro.a->cpu(), ro.b->cpu(), out_cpu.view(), cpu_opt);
     const std::vector<float> cpu = to_host_f32(out_cpu.view());
     // Both sides are within the model of the reference: allow the sum (plus an f32 sgemm
@@ -789,6 +814,29 @@ TEST_F(GpuGemm, BiasEveryBackendRoleAndDtype) {
       }
       std::printf("bias %-18s M=%-4lld%s\n", rc.name.c_str(), static_cast<long long>(sh.m),
                   fused.c_str());
+    }
+  }
+}
+
+// The beta term from a separate c (GemmOptions::c): a residual added in the epilogue of a bf16
+// (or f32) out, every backend and role, out never read.
+TEST_F(GpuGemm, SeparateCEveryBackendRoleAndDtype) {
+  Context ctx(Device::cuda(0));
+  for (const Recipe& rc : recipes()) {
+    const Problem p = make_problem(ctx, rc, 128, 256, 384, Fill::kNormal, 777);
+    for (GemmRole role : kRoles) {
+      for (DType out : {DType::kBF16, DType::kF32}) {
+        for (bool bias : {false, true}) {
+          RunSpec s;
+          s.out = out;
+          s.alpha = 1.0f;
+          s.beta = 1.0f;
+          s.bias = bias;
+          s.separate_c = true;
+          s.against_cpu_gemm = true;
+          check_role(ctx, rc, p.x, p.w, p.dy, 128, 256, 384, role, s, "separate c");
+        }
+      }
     }
   }
 }
