@@ -39,9 +39,11 @@ void embedding_bwd(Context& ctx, const TensorView& dtable, const TensorView& tok
 void rmsnorm_fwd(Context& ctx, const TensorView& out, const TensorView& rstd, const TensorView& x,
                  const TensorView& w, float eps);
 // dx [N, D] bf16 (overwritten), dw [D] f32 (+=), from dout [N, D] bf16 and the forward's x, w,
-// rstd.
+// rstd. With `residual` [N, D] bf16 (may alias dx; a pre-norm block's residual-stream gradient)
+// dx = residual + the norm's input gradient, summed in fp32 and rounded once.
 void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const TensorView& dout,
-                 const TensorView& x, const TensorView& w, const TensorView& rstd);
+                 const TensorView& x, const TensorView& w, const TensorView& rstd,
+                 const TensorView& residual = TensorView());
 
 // RMSNorm fused with the quantization of its output for the next GEMM. The result is defined as
 // rmsnorm_fwd(ctx, y, rstd, x, w, eps) followed by quantize(ctx, y, cfg, out): `out` (and y,

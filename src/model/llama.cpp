@@ -433,9 +433,9 @@ struct LlamaModel::Impl {
     s.lin[2] = {};
     dgu = Tensor();
     dguq = QuantizedTensor();
-    Tensor tmp = act({N, D}, adt, dev);
-    rmsnorm_bwd(ctx, tmp, arena.grad(p_layer(l, 5)), dln, s.x_mid, param(p_layer(l, 5)), s.rstd2);
-    add(ctx, dx, dx, tmp);  // dx now d(x_mid)
+    // dx += the norm's input gradient (in the kernel, one rounding): dx now d(x_mid).
+    rmsnorm_bwd(ctx, dx, arena.grad(p_layer(l, 5)), dln, s.x_mid, param(p_layer(l, 5)), s.rstd2,
+                dx);
     s.x_mid = Tensor();
     // Attention.
     Tensor datt = act({N, int64_t(H) * Dh}, adt, dev);
@@ -462,8 +462,8 @@ struct LlamaModel::Impl {
     linear_bwd(lin0 + 0, dqkv, s.lin[0], &dln.view());
     s.lin[0] = {};
     dqkv = Tensor();
-    rmsnorm_bwd(ctx, tmp, arena.grad(p_layer(l, 0)), dln, s.x_in, param(p_layer(l, 0)), s.rstd1);
-    add(ctx, dx, dx, tmp);  // dx now d(x_in)
+    rmsnorm_bwd(ctx, dx, arena.grad(p_layer(l, 0)), dln, s.x_in, param(p_layer(l, 0)), s.rstd1,
+                dx);  // dx now d(x_in)
     s = BlockSaved();
   }
 

@@ -85,7 +85,8 @@ void rmsnorm_fwd_quantize(Context& ctx, const TensorView& y, const TensorView& r
 }
 
 void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const TensorView& dout,
-                 const TensorView& x, const TensorView& w, const TensorView& rstd) {
+                 const TensorView& x, const TensorView& w, const TensorView& rstd,
+                 const TensorView& residual) {
   const char* op = "rmsnorm_bwd";
   check_devices(op, ctx,
                 {{"dx", &dx}, {"dw", &dw}, {"dout", &dout}, {"x", &x}, {"w", &w}, {"rstd", &rstd}});
@@ -101,11 +102,17 @@ void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const
   check_same_shape(op, "dw", dw, "w", w);
   check_contiguous(op, "dw", dw);
   check_rstd(op, rstd, x);
+  if (!absent(residual)) {
+    check_devices(op, ctx, {{"residual", &residual}});
+    check_float(op, "residual", residual, DType::kBF16);
+    check_same_shape(op, "residual", residual, "x", x);
+    check_contiguous(op, "residual", residual);
+  }
   if (x.numel() == 0) return;
   if (ctx.on_gpu()) {
-    rmsnorm_bwd_cuda(ctx, dx, dw, dout, x, w, rstd);
+    rmsnorm_bwd_cuda(ctx, dx, dw, dout, x, w, rstd, residual);
   } else {
-    rmsnorm_bwd_cpu(dx, dw, dout, x, w, rstd);
+    rmsnorm_bwd_cpu(dx, dw, dout, x, w, rstd, residual);
   }
 }
 

@@ -225,15 +225,15 @@ __global__ void __launch_bounds__(512)
 }
 
 // dx [N, D] bf16 and partial [gridDim.x, D] f32 (this block's Σ (x·rstd)·dout per column) from
-// dout, x [N, D] bf16, w [D] bf16, rstd [N] f32. blockDim = group_threads · groups.
+// dout, x [N, D] bf16, w [D] bf16, rstd [N] f32; residual [N, D] bf16 (or null, may alias dx) is
+// added to dx in fp32 before its one rounding. blockDim = group_threads · groups.
 // Dynamic shared memory: D floats (the fold of the groups' partial sums).
 template <int VEC, int VPT>
 __global__ void __launch_bounds__(1024)
-    rmsnorm_bwd_kernel(uint16_t* __restrict__ dx, float* __restrict__ partial,
-                       const uint16_t* __restrict__ dout, const uint16_t* __restrict__ x,
-                       const uint16_t* __restrict__ w, const float* __restrict__ rstd,
-                       int64_t n_rows, int d, int group_threads, int groups,
-                       int64_t rows_per_block) {
+    rmsnorm_bwd_kernel(uint16_t* dx, float* __restrict__ partial, const uint16_t* __restrict__ dout,
+                       const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
+                       const float* __restrict__ rstd, const uint16_t* residual, int64_t n_rows,
+                       int d, int group_threads, int groups, int64_t rows_per_block) {
   extern __shared__ float fold[];  // [D]
   __shared__ float scratch[32];    // one sum per warp
   const int g = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
@@ -301,11 +301,18 @@ __global__ void __launch_bounds__(1024)
         const int c = (t + k * group_threads) * VEC;
         if (c >= d) continue;
         float o[VEC];
+        Raw<VEC> res;
+        if (residual != nullptr) {
+          res.load(residual + row * d + c);  // before this thread writes the same elements
+        } else {
+          res.zero();
+        }
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
           const float xi = xv[k].get(i), dyi = dyv[k].get(i);
           const float gi = __fmul_rn(dyi, wv[k].get(i));
           o[i] = __fmul_rn(r, __fsub_rn(gi, __fmul_rn(xi, c_row)));
+          if (residual != nullptr) o[i] = __fadd_rn(res.get(i), o[i]);
           dw_acc[k][i] = __fadd_rn(dw_acc[k][i], __fmul_rn(__fmul_rn(xi, r), dyi));
         }
         store_vec<VEC>(dx + row * d + c, o);
@@ -387,41 +394,42 @@ void launch_fwd(const RowPlan& p, dim3 grid, cudaStream_t s, uint16_t* out, floa
 template <int VEC, int VPT>
 void launch_bwd_vpt(dim3 grid, int threads, size_t smem, cudaStream_t s, uint16_t* dx,
                     float* partial, const uint16_t* dy, const uint16_t* x, const uint16_t* w,
-                    const float* rstd, int64_t n, int d, int group_threads, int groups,
-                    int64_t rows_per_block) {
+                    const float* rstd, const uint16_t* res, int64_t n, int d, int group_threads,
+                    int groups, int64_t rows_per_block) {
   auto kernel = rmsnorm_bwd_kernel<VEC, VPT>;
   if (smem > 48 * 1024) {
     LOWBIT_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
-  kernel<<<grid, threads, smem, s>>>(dx, partial, dy, x, w, rstd, n, d, group_threads, groups,
+  kernel<<<grid, threads, smem, s>>>(dx, partial, dy, x, w, rstd, res, n, d, group_threads, groups,
                                      rows_per_block);
 }
 
 template <int VEC>
 void launch_bwd(const RowPlan& p, dim3 grid, int threads, size_t smem, cudaStream_t s, uint16_t* dx,
                 float* partial, const uint16_t* dy, const uint16_t* x, const uint16_t* w,
-                const float* rstd, int64_t n, int d, int groups, int64_t rows_per_block) {
+                const float* rstd, const uint16_t* res, int64_t n, int d, int groups,
+                int64_t rows_per_block) {
   switch (p.vpt) {
     case 1:
-      launch_bwd_vpt<VEC, 1>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, n, d, p.threads,
-                             groups, rows_per_block);
+      launch_bwd_vpt<VEC, 1>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, res, n, d,
+                             p.threads, groups, rows_per_block);
       break;
     case 2:
-      launch_bwd_vpt<VEC, 2>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, n, d, p.threads,
-                             groups, rows_per_block);
+      launch_bwd_vpt<VEC, 2>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, res, n, d,
+                             p.threads, groups, rows_per_block);
       break;
     case 3:
-      launch_bwd_vpt<VEC, 3>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, n, d, p.threads,
-                             groups, rows_per_block);
+      launch_bwd_vpt<VEC, 3>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, res, n, d,
+                             p.threads, groups, rows_per_block);
       break;
     case 4:
-      launch_bwd_vpt<VEC, 4>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, n, d, p.threads,
-                             groups, rows_per_block);
+      launch_bwd_vpt<VEC, 4>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, res, n, d,
+                             p.threads, groups, rows_per_block);
       break;
     default:
-      launch_bwd_vpt<VEC, 8>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, n, d, p.threads,
-                             groups, rows_per_block);
+      launch_bwd_vpt<VEC, 8>(grid, threads, smem, s, dx, partial, dy, x, w, rstd, res, n, d,
+                             p.threads, groups, rows_per_block);
   }
 }
 
@@ -497,13 +505,15 @@ bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorVi
 
 void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
                       const TensorView& dout, const TensorView& x, const TensorView& w,
-                      const TensorView& rstd) {
+                      const TensorView& rstd, const TensorView& residual) {
   const int64_t n = x.size(0), d = x.size(1);
   uint16_t* dxp = dx.ptr<uint16_t>();
+  const uint16_t* rp = residual.data != nullptr ? residual.ptr<const uint16_t>() : nullptr;
   const uint16_t* dyp = dout.ptr<const uint16_t>();
   const uint16_t* xp = x.ptr<const uint16_t>();
   const uint16_t* wp = w.ptr<const uint16_t>();
-  const bool vec = d % 8 == 0 && aligned16(dxp) && aligned16(dyp) && aligned16(xp) && aligned16(wp);
+  const bool vec = d % 8 == 0 && aligned16(dxp) && aligned16(dyp) && aligned16(xp) &&
+                   aligned16(wp) && (rp == nullptr || aligned16(rp));
   const RowPlan p = plan_row(d, vec, "rmsnorm_bwd");
   // Up to 8 groups of p.threads in a block of at most 512 threads; rows per block a multiple of
   // the group count, so that at most 256 partial rows are written (a few percent of the traffic;
@@ -517,11 +527,11 @@ void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
   const dim3 grid(static_cast<unsigned>(blocks));
   cudaStream_t s = ctx.stream();
   if (vec) {
-    launch_bwd<8>(p, grid, threads, smem, s, dxp, partial, dyp, xp, wp, rstd.ptr<const float>(), n,
-                  int(d), groups, rows_per_block);
+    launch_bwd<8>(p, grid, threads, smem, s, dxp, partial, dyp, xp, wp, rstd.ptr<const float>(), rp,
+                  n, int(d), groups, rows_per_block);
   } else {
-    launch_bwd<1>(p, grid, threads, smem, s, dxp, partial, dyp, xp, wp, rstd.ptr<const float>(), n,
-                  int(d), groups, rows_per_block);
+    launch_bwd<1>(p, grid, threads, smem, s, dxp, partial, dyp, xp, wp, rstd.ptr<const float>(), rp,
+                  n, int(d), groups, rows_per_block);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
   rmsnorm_dw_reduce_kernel<<<static_cast<unsigned>(ceil_div(d, 32)), dim3(32, 32), 0, s>>>(

@@ -14,8 +14,10 @@ void rmsnorm_fwd_cpu(const TensorView& out, const TensorView& rstd, const Tensor
                      const TensorView& w, float eps);
 // Backward, per row: g = dout · w, mean = Σ g·x / D (fp64 sum), c = (mean · rstd) · rstd,
 // dx = rstd · (g − x · c); dw += Σ_n (x · rstd) · dout (fp64 over rows, added once).
+// residual: absent (TensorView()) or [N, D] added to dx (may alias it).
 void rmsnorm_bwd_cpu(const TensorView& dx, const TensorView& dw, const TensorView& dout,
-                     const TensorView& x, const TensorView& w, const TensorView& rstd);
+                     const TensorView& x, const TensorView& w, const TensorView& rstd,
+                     const TensorView& residual);
 
 // rmsnorm_fwd_quantize by definition, on any device: rmsnorm_fwd into y (a scratch when y is
 // absent), then quantize(y). The CPU path, and the GPU path wherever the fused kernel does not
@@ -36,6 +38,6 @@ bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorVi
                                const QuantConfig& cfg, QuantizedTensor& out);
 void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
                       const TensorView& dout, const TensorView& x, const TensorView& w,
-                      const TensorView& rstd);
+                      const TensorView& rstd, const TensorView& residual);
 
 }  // namespace lowbit::ops_detail

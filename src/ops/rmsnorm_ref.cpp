@@ -28,10 +28,12 @@ void rmsnorm_fwd_cpu(const TensorView& out, const TensorView& rstd, const Tensor
 }
 
 void rmsnorm_bwd_cpu(const TensorView& dx, const TensorView& dw, const TensorView& dout,
-                     const TensorView& x, const TensorView& w, const TensorView& rstd) {
+                     const TensorView& x, const TensorView& w, const TensorView& rstd,
+                     const TensorView& residual) {
   const int64_t n_rows = x.size(0), d = x.size(1);
-  std::vector<float> xr(d), wr(d), gr(d), dxr(d);  // [D] each
-  std::vector<double> dw_acc(d, 0.0);              // [D]
+  const bool add_residual = residual.data != nullptr;
+  std::vector<float> xr(d), wr(d), gr(d), dxr(d), rr(d);  // [D] each
+  std::vector<double> dw_acc(d, 0.0);                     // [D]
   load_row(w, 0, d, wr.data());
   const float* rs = rstd.ptr<const float>();  // [N]
   for (int64_t n = 0; n < n_rows; ++n) {
@@ -47,6 +49,10 @@ void rmsnorm_bwd_cpu(const TensorView& dx, const TensorView& dw, const TensorVie
     const float mean = static_cast<float>(dot / double(d));
     const float c = (mean * r) * r;
     for (int64_t i = 0; i < d; ++i) dxr[i] = r * (gr[i] - xr[i] * c);
+    if (add_residual) {  // read before dx's row is written (residual may alias dx)
+      load_row(residual, n * d, d, rr.data());
+      for (int64_t i = 0; i < d; ++i) dxr[i] = rr[i] + dxr[i];
+    }
     store_row(dx, n * d, d, dxr.data());
   }
   float* dwp = dw.ptr<float>();  // [D]

@@ -52,6 +52,18 @@ OpCase bwd_case(Shape2 s, const Fill& fill) {
   return c;
 }
 
+// The same with the residual-stream gradient added in the kernel (a separate residual buffer;
+// the model passes dx itself).
+OpCase bwd_residual_case(Shape2 s, const Fill& fill) {
+  OpCase c = bwd_case(s, fill);
+  c.name = fmt::format("rmsnorm_bwd+residual {}x{} {}", s.n, s.d, fill.name());
+  c.args.push_back(in("residual", DType::kBF16, {s.n, s.d}, Fill::gaussian(2.0)));
+  c.run = [](Context& ctx, const Args& a) {
+    rmsnorm_bwd(ctx, a["dx"], a["dw"], a["dout"], a["x"], a["w"], a["rstd"], a["residual"]);
+  };
+  return c;
+}
+
 TEST(GpuRmsNorm, ForwardMatchesCpu) {
   for (const Shape2& s : kShapes) {
     for (const Fill& fill : fills()) EXPECT_TRUE(compare_cpu_gpu(fwd_case(s, fill)));
@@ -62,6 +74,8 @@ TEST(GpuRmsNorm, BackwardMatchesCpu) {
   for (const Shape2& s : kShapes) {
     for (const Fill& fill : fills()) EXPECT_TRUE(compare_cpu_gpu(bwd_case(s, fill)));
   }
+  for (const Shape2& s : kShapes)
+    EXPECT_TRUE(compare_cpu_gpu(bwd_residual_case(s, Fill::gaussian())));
   // dout with specials too.
   OpCase c = bwd_case({65, 80}, Fill::gaussian());
   c.args[3].fill = Fill::specials();

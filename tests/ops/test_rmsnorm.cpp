@@ -82,6 +82,49 @@ TEST(RmsNorm, BackwardMatchesFp64Formula) {
   EXPECT_TRUE(expect_close("dw", {d}, r.values("dw"), dw, tol_reduction(DType::kF32, n)));
 }
 
+// With a residual (aliasing dx, as in the model's backward) dx = residual + the norm's input
+// gradient, summed in fp32 and rounded once: the f32 gradient of the same inputs plus the
+// residual, rounded to bf16; dw as without it.
+TEST(RmsNorm, BackwardAddsTheResidualBeforeRounding) {
+  const int64_t n = 9, d = 40;
+  Context ctx(Device::cpu());
+  Tensor x = Tensor::empty({n, d}, DType::kBF16, Device::cpu());
+  Tensor dy = Tensor::empty({n, d}, DType::kBF16, Device::cpu());
+  Tensor res = Tensor::empty({n, d}, DType::kBF16, Device::cpu());
+  Tensor w = Tensor::empty({d}, DType::kBF16, Device::cpu());
+  Tensor rstd = Tensor::empty({n}, DType::kF32, Device::cpu());
+  for (int64_t i = 0; i < n * d; ++i) {
+    x.ptr<uint16_t>()[i] = f32_to_bf16_rn(std::sin(0.37f * float(i)));
+    dy.ptr<uint16_t>()[i] = f32_to_bf16_rn(std::cos(0.11f * float(i)));
+    res.ptr<uint16_t>()[i] = f32_to_bf16_rn(3.0f * std::sin(0.05f * float(i) + 1.0f));
+  }
+  for (int64_t i = 0; i < d; ++i) w.ptr<uint16_t>()[i] = f32_to_bf16_rn(0.5f + 0.01f * float(i));
+  for (int64_t r = 0; r < n; ++r) rstd.ptr<float>()[r] = 0.8f + 0.1f * float(r);
+  // The f32 path: the unrounded norm gradient, and dw.
+  Tensor xf = Tensor::empty({n, d}, DType::kF32, Device::cpu());
+  Tensor dyf = Tensor::empty({n, d}, DType::kF32, Device::cpu());
+  Tensor wf = Tensor::empty({d}, DType::kF32, Device::cpu());
+  for (int64_t i = 0; i < n * d; ++i) {
+    xf.ptr<float>()[i] = bf16_to_f32(x.ptr<uint16_t>()[i]);
+    dyf.ptr<float>()[i] = bf16_to_f32(dy.ptr<uint16_t>()[i]);
+  }
+  for (int64_t i = 0; i < d; ++i) wf.ptr<float>()[i] = bf16_to_f32(w.ptr<uint16_t>()[i]);
+  Tensor g = Tensor::empty({n, d}, DType::kF32, Device::cpu());
+  Tensor dw_ref = Tensor::zeros({d}, DType::kF32, Device::cpu());
+  rmsnorm_bwd(ctx, g, dw_ref, dyf, xf, wf, rstd);
+  Tensor dx = Tensor::copy_of(res, Device::cpu());  // the residual, updated in place
+  Tensor dw = Tensor::zeros({d}, DType::kF32, Device::cpu());
+  rmsnorm_bwd(ctx, dx, dw, dy, x, w, rstd, dx);
+  for (int64_t i = 0; i < n * d; ++i) {
+    const float want = bf16_to_f32(res.ptr<uint16_t>()[i]) + g.ptr<float>()[i];
+    ASSERT_EQ(dx.ptr<uint16_t>()[i], f32_to_bf16_rn(want)) << i;
+  }
+  for (int64_t i = 0; i < d; ++i) ASSERT_EQ(dw.ptr<float>()[i], dw_ref.ptr<float>()[i]) << i;
+  // The residual must be shaped like x.
+  Tensor bad = Tensor::zeros({n, d + 1}, DType::kBF16, Device::cpu());
+  EXPECT_THROW(rmsnorm_bwd(ctx, dx, dw, dy, x, w, rstd, bad), UserError);
+}
+
 TEST(RmsNorm, GradientMatchesFiniteDifferences) {
   const int64_t n = 3, d = 12;
   GradCase g;
