@@ -516,9 +516,9 @@ int grid_for(int64_t n) {
 int quant_kernels_version() {
   static const int version = [] {
     const char* env = std::getenv("LOWBIT_QUANT_KERNELS");
-    if (env == nullptr) return 10;
+    if (env == nullptr) return 11;
     const std::string_view v(env);
-    return v == "v8" ? 8 : v == "v9" ? 9 : 10;
+    return v == "v8" ? 8 : v == "v9" ? 9 : v == "v10" ? 10 : 11;
   }();
   return version;
 }

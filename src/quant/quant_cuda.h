@@ -20,9 +20,10 @@ namespace lowbit::quant_cuda {
 
 // Kernel generation, chosen once per process for A/B runs on hardware (bench/NOTES-quant.md):
 // LOWBIT_QUANT_KERNELS=v8 selects the v8 kernels (FP8 block scaling, the NVFP4 amax and quantize
-// passes, MX), =v9 the v9 ones (v10's NVFP4 quantize pass and MXFP8 kernel off), anything else
-// the current ones. Results are byte-identical either way.
-int quant_kernels_version();  // 8, 9 or 10 (default)
+// passes, MX), =v9 the v9 ones (v10's NVFP4 quantize pass and MXFP8 kernel off), =v10 the v10
+// ones (v11's NVFP4 quantize pass off), anything else the current ones. Results are
+// byte-identical either way.
+int quant_kernels_version();  // 8, 9, 10 or 11 (default)
 bool legacy_kernels();        // quant_kernels_version() == 8
 
 // *amax_out = max(*amax_out, max |x|) over n elements (NaN skipped).

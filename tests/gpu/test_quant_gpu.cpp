@@ -16,7 +16,7 @@
 namespace lowbit {
 namespace {
 
-enum class Fill { kNormal, kZeros, kSubnormal, kNearMax, kSpecials, kHeavyTail };
+enum class Fill { kNormal, kZeros, kSubnormal, kNearMax, kSpecials, kHeavyTail, kWideRange };
 const char* fill_name(Fill f) {
   switch (f) {
     case Fill::kNormal: return "normal";
@@ -25,6 +25,7 @@ const char* fill_name(Fill f) {
     case Fill::kNearMax: return "near_max";
     case Fill::kSpecials: return "specials";
     case Fill::kHeavyTail: return "heavy_tail";
+    case Fill::kWideRange: return "wide_range";
   }
   return "?";
 }
@@ -50,6 +51,12 @@ Tensor make_source(int64_t m, int64_t k, Fill fill, uint64_t seed) {
         if (i % 89 == 3) v = NAN;
         break;
       case Fill::kHeavyTail: v = g * std::exp(3.0f * g); break;
+      case Fill::kWideRange:  // 2^-100 .. 2^100, signed zeros and a few inf/NaN: blocks whose
+        // scale underflows to 0 (multiplier FLT_MAX) next to blocks at the tensor amax
+        v = g * std::exp2(float(int64_t(philox_uint32(seed, 1, i) % 201) - 100));
+        if (i % 53 == 11) v = (i & 64) ? -0.0f : 0.0f;
+        if (i % 4999 == 17) v = (i & 1) ? -INFINITY : NAN;
+        break;
     }
     p[i] = f32_to_bf16_rn(v);
   }
@@ -174,6 +181,43 @@ TEST_F(GpuQuant, EveryRecipeMatchesCpuTwinOnOddShapesAndFills) {
 
 TEST_F(GpuQuant, EveryRecipeMatchesCpuTwinAt8192Squared) {
   for (const Case& c : cases()) check_case(c, 8192, 8192, Fill::kNormal);
+}
+
+// The NVFP4 1×16 quantize pass for bf16 full 128×64 tiles (v11: persistent grid, table
+// multipliers, fast encoders, NaN blocks through the codec) in every combination of copies,
+// Hadamard transform and stochastic rounding. 4096×1024 has more tiles than one wave of blocks,
+// so blocks quantize several tiles (the prefetch path).
+TEST_F(GpuQuant, Nvfp4FullTileKernelMatchesCpuTwin) {
+  auto variant = [](bool rowwise, bool columnwise, bool rht, bool sr) {
+    return [=] {
+      QuantConfig q = QuantConfig::nvfp4_activation();
+      q.rowwise = rowwise;
+      q.columnwise = columnwise;
+      q.hadamard_columnwise = rht;
+      q.stochastic_rounding = sr;
+      q.sr_key = RngKey{0x5EED, 3};
+      return q;
+    };
+  };
+  const std::vector<Case> nv = {
+      {"nvfp4_both_rht", variant(true, true, true, false), 16},
+      {"nvfp4_both_plain", variant(true, true, false, false), 16},
+      {"nvfp4_both_rht_sr", variant(true, true, true, true), 16},
+      {"nvfp4_both_plain_sr", variant(true, true, false, true), 16},
+      {"nvfp4_rowwise_sr", variant(true, false, false, true), 16},
+      {"nvfp4_columnwise_rht", variant(false, true, true, false), 16},
+      {"nvfp4_columnwise_rht_sr", variant(false, true, true, true), 16},
+  };
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{128, 64}, {256, 512}, {384, 1024}};
+  for (const Case& c : nv) {
+    for (auto [m, k] : shapes) {
+      for (Fill f : {Fill::kNormal, Fill::kZeros, Fill::kSubnormal, Fill::kNearMax, Fill::kSpecials,
+                     Fill::kHeavyTail, Fill::kWideRange}) {
+        check_case(c, m, k, f);
+      }
+    }
+    for (Fill f : {Fill::kNormal, Fill::kSpecials, Fill::kWideRange}) check_case(c, 4096, 1024, f);
+  }
 }
 
 TEST_F(GpuQuant, InvalidShapesAreRejectedLikeOnTheCpu) {

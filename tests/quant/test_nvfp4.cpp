@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "lowbit/core/philox.h"
+#include "lowbit/quant/e2m1_fast.h"
 #include "lowbit/quant/hadamard16.h"
 #include "lowbit/quant/scale_math.h"
 #include "quant/quant_test_util.h"
@@ -381,6 +383,146 @@ TEST(QuantNvfp4, FastE2m1EncoderEqualsCodec) {
        {0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x7F800000u, 0xFF800000u, 0x7F7FFFFFu,
         0xFF7FFFFFu, 0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFFFFFFFFu}) {
     check(b);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// e2m1_fast.h, round to nearest: the magnitude code of every non-NaN input equals the codec's
+// (all patterns of |x| in [2^-10, 2^10) of both signs, a sparse sweep of the rest, the specials);
+// NaN gives 7 (the kernels send NaN blocks to the codec).
+TEST(QuantNvfp4, LinesE2m1EncoderEqualsCodec) {
+  int64_t bad = 0;
+  auto check = [&](uint32_t b) {
+    const float x = f32_from_bits(b);
+    const uint32_t want = f32_is_nan(x) ? 7u : (encode_rn(DType::kE2M1, x) & 7u);
+    const uint32_t got = e2m1_rn_mag(x);
+    if (got != want && ++bad <= 8)
+      ADD_FAILURE() << std::hex << "x=0x" << b << " fast " << got << " codec " << want;
+  };
+  for (uint32_t sign : {0u, 0x80000000u}) {
+    for (uint32_t b = (127u - 10u) << 23; b < (127u + 10u) << 23; ++b) check(sign | b);
+  }
+  for (uint64_t b = 0; b < (uint64_t(1) << 32); b += 251) check(uint32_t(b));
+  for (uint32_t b :
+       {0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007FFFFFu, 0x00800000u, 0x7F800000u,
+        0xFF800000u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x7FC00000u, 0xFFFFFFFFu}) {
+    check(b);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// e2m1_fast.h, stochastic rounding: for every x the codec rounds up exactly for the random words
+// below a threshold; the fast encoder must agree at the threshold, on both sides of it and at
+// the ends of the range, for x over every binade of fp32 (subnormals, zero and inf included).
+TEST(QuantNvfp4, IntegerE2m1SrEncoderEqualsCodec) {
+  int64_t bad = 0, n = 0;
+  auto check = [&](float x, uint32_t r) {
+    ++n;
+    const uint32_t want = encode_sr(DType::kE2M1, x, r) & 7u;
+    const uint32_t got = e2m1_sr_mag(x, r);
+    if (got != want && ++bad <= 8) {
+      ADD_FAILURE() << std::hex << "x=0x" << f32_bits(x) << " r=0x" << r << " fast " << got
+                    << " codec " << want;
+    }
+  };
+  // Largest r that still rounds up, by bisection on the codec (rounding up is monotone in r).
+  auto last_up = [](float x) -> int64_t {
+    const uint32_t down = encode_sr(DType::kE2M1, x, 0xFFFFFFFFu) & 7u;
+    if ((encode_sr(DType::kE2M1, x, 0u) & 7u) == down) return -1;
+    uint64_t lo = 0, hi = 0xFFFFFFFFull;  // up at lo, down at hi
+    while (hi - lo > 1) {
+      const uint64_t mid = (lo + hi) / 2;
+      ((encode_sr(DType::kE2M1, x, uint32_t(mid)) & 7u) == down ? hi : lo) = mid;
+    }
+    return int64_t(lo);
+  };
+  auto check_x = [&](uint32_t bits) {
+    const float x = f32_from_bits(bits);
+    for (uint32_t r :
+         {0u, 1u, 0x3FFu, 0x400u, 0x7FFFFFFFu, 0x80000000u, 0xFFFFFBFFu, 0xFFFFFFFFu}) {
+      check(x, r);
+    }
+    check(x, philox_uint32(5, 6, bits));
+    const int64_t t = last_up(x);
+    for (int64_t d = -2; d <= 2; ++d) {
+      if (t + d >= 0 && t + d <= 0xFFFFFFFFll) check(x, uint32_t(t + d));
+    }
+  };
+  for (uint32_t sign : {0u, 0x80000000u}) {
+    for (uint32_t e = 0; e < 255; ++e) {
+      for (uint32_t m : {0u, 1u, 2u, 3u, 0x1FFu, 0x200u, 0x201u, 0x3FFu, 0x400u, 0x3FFFFFu,
+                         0x400000u, 0x400001u, 0x5A5A5Au, 0x7FFFFEu, 0x7FFFFFu}) {
+        check_x(sign | (e << 23) | m);
+      }
+    }
+    check_x(sign | 0x7F800000u);
+  }
+  // Dense over the decision range: every 97th pattern of |x| in [2^-12, 16).
+  for (uint32_t b = (127u - 12u) << 23; b < (127u + 4u) << 23; b += 97) check_x(b);
+  EXPECT_EQ(bad, 0) << "of " << n;
+}
+
+// Packed words: magnitudes summed at their nibbles, signs gathered by byte permutes; equal to
+// packing the codec's codes, for -0, tiny negatives, ties, inf and random values.
+TEST(QuantNvfp4, PackedE2m1WordsEqualCodec) {
+  const float specials[] = {0.0f,  -0.0f, 1e-40f, -1e-40f, 0.25f, -0.25f, 0.75f,    -1.25f,
+                            1.75f, 2.5f,  -3.5f,  5.0f,    -6.0f, 7.0f,   INFINITY, -INFINITY};
+  int64_t bad = 0;
+  for (int it = 0; it < 20000; ++it) {
+    float x[8];
+    uint32_t r[8];
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t u = philox_uint32(11, 0, uint64_t(8 * it + i));
+      x[i] = (u & 3u) == 0 ? specials[(u >> 2) % 16]
+                           : philox_uniform(12, 0, uint64_t(8 * it + i)) * 8.0f - 4.0f;
+      if ((u & 0x30u) == 0) x[i] *= 1e-3f;
+      r[i] = philox_uint32(13, 0, uint64_t(8 * it + i));
+    }
+    uint32_t want_rn = 0, want_sr = 0;
+    for (int i = 0; i < 8; ++i) {
+      want_rn |= encode_rn(DType::kE2M1, x[i]) << (4 * i);
+      want_sr |= encode_sr(DType::kE2M1, x[i], r[i]) << (4 * i);
+    }
+    const uint32_t got_rn = e2m1_pack8_rn(x), got_sr = e2m1_pack8_sr(x, r);
+    if ((got_rn != want_rn || got_sr != want_sr) && ++bad <= 8) {
+      ADD_FAILURE() << std::hex << "rn 0x" << got_rn << " vs 0x" << want_rn << ", sr 0x" << got_sr
+                    << " vs 0x" << want_sr;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// The kernels' fused first butterfly stage gives the same fp32 values (bit for bit, NaN as NaN)
+// as rht16_butterfly_f32, over chunks mixing normal values, subnormals, zeros of both signs,
+// values near the bf16 max and infinities.
+TEST(QuantNvfp4, FusedHadamardButterflyEqualsPlain) {
+  int64_t bad = 0;
+  for (int it = 0; it < 50000; ++it) {
+    float a[16], b[16];
+    for (int i = 0; i < 16; ++i) {
+      const uint64_t idx = uint64_t(16 * it + i);
+      const uint32_t u = philox_uint32(21, 0, idx);
+      const uint16_t bits = uint16_t(philox_uint32(22, 0, idx) >> 16);
+      float v;
+      switch (u % 8) {
+        case 0: v = bf16_to_f32(bits); break;  // any pattern: NaN, inf, subnormal, huge
+        case 1: v = (u & 0x100u) ? -0.0f : 0.0f; break;
+        case 2: v = bf16_to_f32(uint16_t(bits & 0x807Fu)); break;              // bf16 subnormals
+        case 3: v = bf16_to_f32(uint16_t(0x7F00u | (bits & 0x807Fu))); break;  // near max
+        case 4: v = (u & 0x100u) ? -INFINITY : INFINITY; break;
+        default: v = bf16_to_f32(f32_to_bf16_rn(philox_uniform(23, 0, idx) * 4.0f - 2.0f));
+      }
+      a[i] = b[i] = v;
+    }
+    rht16_butterfly_f32(a);
+    rht16_butterfly_f32_fused(b);
+    for (int i = 0; i < 16; ++i) {
+      const bool same = f32_is_nan(a[i]) ? f32_is_nan(b[i]) : f32_bits(a[i]) == f32_bits(b[i]);
+      if (!same && ++bad <= 8) {
+        ADD_FAILURE() << std::hex << "it " << std::dec << it << " i " << i << std::hex
+                      << ": plain 0x" << f32_bits(a[i]) << " fused 0x" << f32_bits(b[i]);
+      }
+    }
   }
   EXPECT_EQ(bad, 0);
 }

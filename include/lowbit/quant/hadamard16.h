@@ -27,6 +27,7 @@
 
 #include "lowbit/core/hd.h"
 #include "lowbit/formats.h"
+#include "lowbit/quant/rn_ops.h"
 
 namespace lowbit {
 
@@ -193,6 +194,30 @@ LOWBIT_HD void rht16_butterfly_f32(float (&v)[16], uint16_t sign_mask = kRhtSign
       const float a = v[i], b = v[i + h];
       v[i] = a + b;
       v[i + h] = a - b;
+    }
+  }
+}
+
+// rht16_butterfly_f32 with step 1 folded into the first butterfly stage, bit for bit the same
+// values: for the pair (i, i + 1), b = RN(s_{i+1} · v_{i+1} / 4) is exact as before, and
+// a ± b = RN(s_i · v_i / 4 ± b) is one FMA whose product s_i/4 · v_i is exact inside it, so its
+// single rounding is the rounding of the stage-1 sum (signed zeros, inf and NaN included: the
+// product is the exact a of step 1, and the sum is the same IEEE addition). 8 multiplies and 16
+// FMAs instead of 16 multiplies and 16 adds; stages 2-4 are unchanged.
+LOWBIT_HD void rht16_butterfly_f32_fused(float (&v)[16], uint16_t sign_mask = kRhtSignMask) {
+  for (int i = 0; i < 16; i += 2) {
+    const float sa = ((sign_mask >> i) & 1u) ? -0.25f : 0.25f;
+    const float b = mul_rn(v[i + 1], ((sign_mask >> (i + 1)) & 1u) ? -0.25f : 0.25f);
+    const float x = v[i];
+    v[i] = fma_rn(x, sa, b);
+    v[i + 1] = fma_rn(x, sa, -b);
+  }
+  for (int h = 2; h < 16; h <<= 1) {
+    for (int i = 0; i < 16; ++i) {
+      if (i & h) continue;
+      const float a = v[i], b = v[i + h];
+      v[i] = add_rn(a, b);
+      v[i + h] = add_rn(a, -b);
     }
   }
 }

@@ -8,6 +8,7 @@
 // the pragma below, so no caller expression such as `mul_rn(a, b) + c` becomes an FMA.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "lowbit/core/hd.h"
@@ -40,6 +41,17 @@ LOWBIT_HD float div_rn(float a, float b) {
   return __fdiv_rn(a, b);
 #else
   return a / b;
+#endif
+}
+
+// RN(a · b + c) with ONE rounding of the exact value (a fused multiply-add; std::fma on the
+// host is correctly rounded too). Never a stand-in for mul_rn + add_rn: each caller states why
+// the single rounding is the operation it needs (an exact product, or a rounding to a grid).
+LOWBIT_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
 #endif
 }
 

@@ -1,0 +1,850 @@
+// NVFP4 quantization kernels (E2M1 data, UE4M3 scale per 16 elements, fp32 global amax;
+// formats.md §2.6, §5).
+//
+// NVFP4 needs the global amax first, so it runs twice over the source: an amax pass (plain amax
+// and, for RHT copies, the amax after the 16-point Hadamard transform), then the quantize pass,
+// which writes the rowwise copy and the columnwise copy transposed (RHT'd when asked). Every
+// number comes from the shared scale math (quant/scale_math.h, quant/hadamard16.h,
+// quant/e2m1_fast.h), so the results equal the CPU twin bit for bit.
+//
+// Kernel generations (LOWBIT_QUANT_KERNELS selects an older one for A/B runs, quant_cuda.h):
+//  * nvfp4_kernel (v8, v9): the generic tile kernel, 64×64 fp32 tiles in shared memory; every
+//    shape, fp32 sources, 16×16 weights.
+//  * nvfp4_amax_v9_kernel: the amax pass for bf16 sources, no shared memory.
+//  * nvfp4_quant_v10_kernel: the 1×16 quantize pass for bf16 full 128×64 tiles.
+//  * nvfp4_quant_v11_kernel (default): the same tiles with a persistent grid that prefetches the
+//    next tile, the block multipliers from a table, and the E2M1 encoders of e2m1_fast.h.
+#include <atomic>
+#include <type_traits>
+
+#include "lowbit/core/cuda_check.h"
+#include "lowbit/core/philox.h"
+#include "lowbit/quant/e2m1_fast.h"
+#include "lowbit/quant/hadamard16.h"
+#include "lowbit/quant/layout.h"
+#include "quant/block_tile.cuh"
+#include "quant/cuda_common.cuh"
+#include "quant/quant_cuda.h"
+
+namespace lowbit::quant_cuda {
+
+namespace {
+
+enum class Pass { kAmax, kQuantize };
+
+// Column chunk of 16 values s.x[mb·16 .. +16][kk], optionally through the Hadamard transform
+// (formats.md §5.2; the input is bf16, so the fp32 values are exact bf16 values).
+//
+// kFastRound (v9): step 3 of rht16_apply_f32 (the rounding to bf16) by cvt.rn.bf16x2.f32, two
+// results per instruction, instead of f32_to_bf16_rn's per-element NaN test, cvt and fix-ups
+// (the GPU tests prove cvt.rn.bf16 equal to the codec for every non-NaN value). A NaN result
+// keeps a different payload (0x7FFF instead of 0x7FC0), which nothing can observe: the value
+// only meets amax_combine (skips NaN) and RN(y · m) (NaN in, canonical NaN out, E2M1 0x7).
+// A zero result becomes +0 by RN(y + 0), as the definition asks.
+template <bool kFastRound>
+__device__ __forceinline__ void column_chunk(const TileSmem& s, int kk, int mb, bool rht,
+                                             float (&v)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v[i] = s.x[mb * 16 + i][kk];
+  if (!rht) return;
+  if constexpr (kFastRound) {
+    rht16_butterfly_f32(v);
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+      uint32_t pair;  // v[i + 1] in the high half, v[i] in the low half
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(v[i + 1]), "f"(v[i]));
+      v[i] = __fadd_rn(__uint_as_float(pair << 16), 0.0f);
+      v[i + 1] = __fadd_rn(__uint_as_float(pair & 0xFFFF0000u), 0.0f);
+    }
+  } else {
+    rht16_apply_f32(v);
+  }
+}
+
+// ---- NVFP4
+// ---------------------------------------------------------------------------------------
+
+// nvfp4_block_scale() with the UE4M3 cast done by cvt.rn.satfinite.e4m3: the scaled block amax
+// is never negative (or NaN: amaxes skip NaN), and for such values the E4M3 code is the UE4M3
+// code (the GPU codec tests prove cvt identical to encode_rn).
+__device__ __forceinline__ uint8_t block_scale_fast(float block_amax, float k) {
+  return static_cast<uint8_t>(cvt_fp8(fmin_num(mul_rn(block_amax, k), f32_max_finite()), false));
+}
+
+struct Nvfp4Args {
+  int64_t M, K;
+  bool rowwise, columnwise, rht, sr, two_d;
+  RngKey row_key, col_key;
+  uint8_t* q;         // [M, K/2]
+  uint8_t* q_scale;   // [M, K/16]
+  uint8_t* qt;        // [K, M/2]
+  uint8_t* qt_scale;  // [K, M/16]
+  float* amax_row;    // [1] global amax of x (pass 1 accumulates)
+  float* amax_col;    // [1] global amax of the columnwise copy (after RHT)
+};
+
+// kV9: the columnwise RHT rounds with column_chunk<true>; otherwise the v8 kernel unchanged.
+template <typename T, Pass kPass, bool kSR, bool kV9>
+__global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict__ x, Nvfp4Args a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  TileSmem& s = *reinterpret_cast<TileSmem*>(smem_raw);
+  // blockIdx.x walks M (consecutive blocks write adjacent parts of the same transposed rows).
+  const int64_t m0 = int64_t(blockIdx.x) * kT, k0 = int64_t(blockIdx.y) * kT;
+  load_tile(s, x, a.M, a.K, m0, k0);
+  __syncthreads();
+  const int t = threadIdx.x;
+  // Rowwise task: row t/4, K-block t%4 of the tile. Columnwise task: column t%64, M-block t/64.
+  const int r = t / 4, rb = t % 4;
+  const int kk = t % kT, mb = t / kT;
+  const bool row_in = m0 + r < a.M && k0 + rb * 16 < a.K;
+  const bool col_in = k0 + kk < a.K && m0 + mb * 16 < a.M;
+  const bool col_uses_own = a.columnwise && !a.two_d;  // 2D: columnwise = transposed rowwise
+
+  if constexpr (kPass == Pass::kAmax) {
+    float ra = 0.0f, ca = 0.0f;
+    if ((a.rowwise || a.two_d) && row_in) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) ra = amax_combine(ra, s.x[r][rb * 16 + i]);
+    }
+    if (col_uses_own && col_in) {
+      float v[16];
+      column_chunk<kV9>(s, kk, mb, a.rht, v);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) ca = amax_combine(ca, v[i]);
+    }
+    block_amax_to_global(ra, a.amax_row);
+    block_amax_to_global(ca, a.amax_col);
+    return;
+  } else {
+    if (threadIdx.x == 0) {
+      s.g[0] = nvfp4_global_scale(*a.amax_row);
+      if (a.columnwise && !a.two_d) s.g[1] = nvfp4_global_scale(*a.amax_col);
+    }
+    __syncthreads();
+    const Nvfp4GlobalScale g_row = s.g[0];
+    if (a.two_d) {
+      // One scale per 16×16 tile: amax of each 1×16 row block, then of the 16 rows.
+      float ra = 0.0f;
+      if (row_in) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ra = amax_combine(ra, s.x[r][rb * 16 + i]);
+      }
+      s.part[r][rb] = ra;
+      __syncthreads();
+      float ta = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) ta = amax_combine(ta, s.part[(r / 16) * 16 + i][rb]);
+      const uint8_t sd = block_scale_fast(ta, g_row.k);
+      const float mult = nvfp4_block_multiplier(sd, g_row.s_dec);
+      float v[16];
+      uint8_t codes[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = s.x[r][rb * 16 + i];
+      quantize_block<16, DType::kE2M1, kSR>(v, mult, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1,
+                                            codes);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        s.rc[r][rb * 16 + i] = codes[i];
+        s.cc[rb * 16 + i][r] = codes[i];  // exact transpose
+      }
+      if (row_in) {
+        if (a.q_scale) a.q_scale[(m0 + r) * (a.K / 16) + (k0 / 16 + rb)] = sd;
+        // Column copy: row k of the transposed tile carries the tile's scale for M-block r/16.
+        if (a.qt_scale && (r % 16) < 16) {
+          const int64_t kb_row = k0 + rb * 16 + (r % 16);
+          a.qt_scale[kb_row * (a.M / 16) + (m0 / 16 + r / 16)] = sd;
+        }
+      }
+    } else {
+      if (a.rowwise) {
+        float v[16];
+        uint8_t codes[16];
+        float ra = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          v[i] = s.x[r][rb * 16 + i];
+          ra = amax_combine(ra, v[i]);
+        }
+        const uint8_t sd = block_scale_fast(ra, g_row.k);
+        const float mult = nvfp4_block_multiplier(sd, g_row.s_dec);
+        quantize_block<16, DType::kE2M1, kSR>(v, mult, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1,
+                                              codes);
+        s.rp[r][rb] = pack_e2m1x16(codes);
+        if (row_in) a.q_scale[(m0 + r) * (a.K / 16) + (k0 / 16 + rb)] = sd;
+      }
+      if (a.columnwise) {
+        const Nvfp4GlobalScale g_col = s.g[1];
+        float v[16];
+        uint8_t codes[16];
+        column_chunk<kV9>(s, kk, mb, a.rht, v);
+        float ca = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ca = amax_combine(ca, v[i]);
+        const uint8_t sd = block_scale_fast(ca, g_col.k);
+        const float mult = nvfp4_block_multiplier(sd, g_col.s_dec);
+        quantize_block<16, DType::kE2M1, kSR>(v, mult, a.col_key, (k0 + kk) * a.M + m0 + mb * 16, 1,
+                                              codes);
+        s.cp[kk][mb] = pack_e2m1x16(codes);
+        if (col_in) a.qt_scale[(k0 + kk) * (a.M / 16) + (m0 / 16 + mb)] = sd;
+      }
+    }
+    __syncthreads();
+    if (a.two_d) {
+      if (a.rowwise) store_codes(s.rc, DType::kE2M1, a.q, a.M, a.K, m0, k0);
+      if (a.columnwise) store_codes(s.cc, DType::kE2M1, a.qt, a.K, a.M, k0, m0);
+    } else {
+      // Packed rows: thread → (row, 16-element block), 8 bytes each; 4 threads write a row's
+      // 32 contiguous bytes. Rows are 8-byte aligned (both dims are multiples of 16).
+      const int pr = t / 4, pw = t % 4;
+      if (a.rowwise && m0 + pr < a.M && k0 + pw * 16 < a.K) {
+        *reinterpret_cast<uint64_t*>(a.q + ((m0 + pr) * a.K + k0 + pw * 16) / 2) = s.rp[pr][pw];
+      }
+      if (a.columnwise && k0 + pr < a.K && m0 + pw * 16 < a.M) {
+        *reinterpret_cast<uint64_t*>(a.qt + ((k0 + pr) * a.M + m0 + pw * 16) / 2) = s.cp[pr][pw];
+      }
+    }
+  }
+}
+
+// NVFP4 global amaxes, v9: one read of x at full width, no shared memory. Thread task: a 16×8
+// block (rows 16·mb .. +16, columns 8·c8 .. +8), loaded as 16 independent 16-byte loads (a
+// warp reads 512 contiguous bytes of each row). The 8 columns of the task are 8 complete
+// 16-element RHT chunks of the columnwise copy (chunks run along M), so the post-RHT amax needs
+// no staging: the butterfly of rht16_apply_f32 (steps 1-2, same fp32 operations in the same
+// order) runs on each, max |y| is taken before the rounding to bf16 and rounded once at the end
+// (equal to the max over rounded values: see rht16_butterfly_f32). One atomic per block and
+// amax; the max is order-independent, so the result is deterministic.
+// Preconditions (checked by the launcher): bf16, M % 16 == 0, K % 8 == 0, x 16-byte aligned.
+__global__ void __launch_bounds__(kThreads)
+    nvfp4_amax_v9_kernel(const uint16_t* __restrict__ x,  // [M, K] bf16
+                         int64_t M, int64_t K, bool want_row, bool want_col, bool rht,
+                         float* amax_row, float* amax_col) {
+  const int64_t k8 = K / 8, n_tasks = (M / 16) * k8;
+  const int64_t task = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  float ra = 0.0f, ca = 0.0f;
+  if (task < n_tasks) {
+    const int64_t mb = task / k8, c8 = task - mb * k8;
+    const uint16_t* p = x + mb * 16 * K + c8 * 8;
+    uint32_t w[16][4];  // [row][word]: word j holds columns 2j (low) and 2j + 1 (high)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint4 u = *reinterpret_cast<const uint4*>(p + i * K);
+      w[i][0] = u.x, w[i][1] = u.y, w[i][2] = u.z, w[i][3] = u.w;
+    }
+    float plain = 0.0f;
+    if (want_row || (want_col && !rht)) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          plain = amax_combine(plain, __uint_as_float(w[i][j] << 16));
+          plain = amax_combine(plain, __uint_as_float(w[i][j] & 0xFFFF0000u));
+        }
+      }
+    }
+    ra = want_row ? plain : 0.0f;
+    if (want_col && rht) {
+      float ymax = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const uint32_t u = w[i][c / 2];
+          v[i] = __uint_as_float((c & 1) ? (u & 0xFFFF0000u) : (u << 16));
+        }
+        rht16_butterfly_f32(v);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ymax = amax_combine(ymax, v[i]);
+      }
+      ca = bf16_to_f32(f32_to_bf16_rn(ymax));  // ymax is never NaN (amax_combine skips NaN)
+    } else if (want_col) {
+      ca = plain;
+    }
+  }
+  block_amax_to_global(ra, amax_row);
+  block_amax_to_global(ca, amax_col);
+}
+
+// ---- NVFP4 quantize pass, v10: 1×16 blocks, bf16 source, full 128×64 tiles ----------------------
+//
+// Thread block: a 128 (M) × 64 (K) tile, 256 threads.
+//  * Loads: thread t owns the rowwise blocks (row t/4 + 64j, K-block t%4), j = 0, 1: two
+//    16-byte loads each, all four in flight before any use. The rowwise copy is quantized
+//    straight from these registers and stored as 8 bytes per block (4 lanes write a row's 32
+//    contiguous bytes).
+//  * The tile is staged in shared memory as bf16 16-byte granules (16 KB, one STS.128 per 8
+//    elements): row r keeps granule g at g ^ (r & 1), so that the two rows of a quarter-warp
+//    store land on different banks; a row read as 32 words still touches every bank once.
+//  * Columnwise: thread (pair p = lane, M-block mb = warp) reads the 16 words of its rows that
+//    hold columns 2p and 2p + 1 (one LDS.32 per two elements, conflict-free), transforms and
+//    quantizes both 16-element chunks, and stages the two packed code words (one STS.128) and
+//    scales; then thread (k = t/4, q = t%4) writes 16 bytes of transposed row k (4 lanes: 64
+//    contiguous bytes) and two scale bytes.
+//  * RN elements by e2m1_rn_fast (one fp32 add instead of seven compares); the RHT rounding by
+//    cvt.rn.bf16x2, two columns per instruction, with the "+0 for a zero result" of the
+//    definition folded into the scaling as RN(y · m + 0) (equal to RN(y · m) except that a zero
+//    product is +0, and a zero y gives a zero product: m is finite and positive).
+// Every value is computed by the same operations as in nvfp4_kernel (v9), element by element,
+// and the stochastic-rounding streams use the same indices (quantize_block).
+constexpr int kV10M = 128;  // tile rows (M)
+constexpr int kV10K = 64;   // tile columns (K): 8 granules of 8 bf16
+
+struct Nvfp4V10Smem {
+  uint4 tile[kV10M][kV10K / 8];        // bf16 granules, swizzled: [r][g ^ (r & 1)]
+  uint64_t cp[kV10M / 16][kV10K];      // packed column codes [mb][k ^ 4·(mb / 2)]
+  uint16_t cs[kV10M / 16][kV10K / 2];  // column scales [mb][k / 2], two per word (k even low)
+  Nvfp4GlobalScale g[2];
+};
+
+__device__ __forceinline__ float fma_rn_zero(float a, float b) {  // RN(a · b + 0), never fused away
+  float r;
+  asm("fma.rn.f32 %0, %1, %2, 0f00000000;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// 16 values → 16 packed E2M1 codes (element i in nibble i) of RN(v·mult) (kZeroFix: RN(v·mult+0)),
+// or with stochastic rounding from the Philox stream at indices idx0 + i.
+template <bool kSR, bool kZeroFix>
+__device__ __forceinline__ uint64_t nvfp4_codes16(float (&v)[16], float mult, RngKey key,
+                                                  int64_t idx0) {
+  if constexpr (kSR) {
+    if constexpr (kZeroFix) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = __fadd_rn(v[i], 0.0f);
+    }
+    uint8_t codes[16];
+    quantize_block<16, DType::kE2M1, true>(v, mult, key, idx0, 1, codes);
+    return pack_e2m1x16(codes);
+  } else {
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float p = kZeroFix ? fma_rn_zero(v[i], mult) : mul_rn(v[i], mult);
+      const uint32_t c = e2m1_rn_fast(p);
+      if (i < 8) {
+        lo |= c << (4 * i);
+      } else {
+        hi |= c << (4 * (i - 8));
+      }
+    }
+    return (uint64_t(hi) << 32) | lo;
+  }
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+// Preconditions (checked by the launcher): !two_d, M % 128 == 0, K % 64 == 0, x 16-byte aligned;
+// rowwise and columnwise outputs as in nvfp4_kernel.
+template <bool kSR>
+__global__ void __launch_bounds__(kThreads, 3)
+    nvfp4_quant_v10_kernel(const uint16_t* __restrict__ x, Nvfp4Args a) {
+  __shared__ Nvfp4V10Smem s;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t m0 = int64_t(blockIdx.x) * kV10M, k0 = int64_t(blockIdx.y) * kV10K;
+  const int rb = t & 3;  // rowwise K-block of this thread
+  uint4 raw[2][2];       // [j][half]: row t/4 + 64j, granules 2·rb + half
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const uint16_t* p = x + (m0 + (t >> 2) + 64 * j) * a.K + k0 + 16 * rb;
+    raw[j][0] = *reinterpret_cast<const uint4*>(p);
+    raw[j][1] = *reinterpret_cast<const uint4*>(p + 8);
+  }
+  if (t == 0) {
+    s.g[0] = nvfp4_global_scale(*a.amax_row);
+    if (a.columnwise) s.g[1] = nvfp4_global_scale(*a.amax_col);
+  }
+  if (a.columnwise) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = (t >> 2) + 64 * j;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) s.tile[r][(2 * rb + h) ^ (r & 1)] = raw[j][h];
+    }
+  }
+  __syncthreads();
+
+  if (a.rowwise) {
+    const Nvfp4GlobalScale g = s.g[0];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int64_t m = m0 + (t >> 2) + 64 * j;
+      const uint32_t w[8] = {raw[j][0].x, raw[j][0].y, raw[j][0].z, raw[j][0].w,
+                             raw[j][1].x, raw[j][1].y, raw[j][1].z, raw[j][1].w};
+      float v[16];
+      float am = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[2 * i] = bf16_lo(w[i]);
+        v[2 * i + 1] = bf16_hi(w[i]);
+        am = amax_combine(am, v[2 * i]);
+        am = amax_combine(am, v[2 * i + 1]);
+      }
+      const uint8_t sd = block_scale_fast(am, g.k);
+      const float mult = nvfp4_block_multiplier(sd, g.s_dec);
+      const int64_t idx0 = m * a.K + k0 + 16 * rb;
+      const uint64_t packed = nvfp4_codes16<kSR, false>(v, mult, a.row_key, idx0);
+      *reinterpret_cast<uint64_t*>(a.q + idx0 / 2) = packed;
+      a.q_scale[m * (a.K / 16) + k0 / 16 + rb] = sd;
+    }
+  }
+
+  if (a.columnwise) {
+    const Nvfp4GlobalScale g = s.g[1];
+    const int p = lane, mb = warp;  // columns 2p, 2p + 1; rows 16·mb .. +16
+    float va[16], vb[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int r = mb * 16 + i;
+      const uint32_t w = reinterpret_cast<const uint32_t*>(&s.tile[r][(p >> 2) ^ (r & 1)])[p & 3];
+      va[i] = bf16_lo(w);
+      vb[i] = bf16_hi(w);
+    }
+    uint64_t ca, cb;
+    uint8_t sda, sdb;
+    if (a.rht) {
+      rht16_butterfly_f32(va);
+      rht16_butterfly_f32(vb);
+      float ama = 0.0f, amb = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        uint32_t pair;  // vb[i] in the high half, va[i] in the low half, each RN to bf16
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(vb[i]), "f"(va[i]));
+        va[i] = bf16_lo(pair);
+        vb[i] = bf16_hi(pair);
+        ama = amax_combine(ama, va[i]);
+        amb = amax_combine(amb, vb[i]);
+      }
+      sda = block_scale_fast(ama, g.k);
+      sdb = block_scale_fast(amb, g.k);
+      const int64_t idx_a = (k0 + 2 * p) * a.M + m0 + 16 * mb;
+      ca = nvfp4_codes16<kSR, true>(va, nvfp4_block_multiplier(sda, g.s_dec), a.col_key, idx_a);
+      cb = nvfp4_codes16<kSR, true>(vb, nvfp4_block_multiplier(sdb, g.s_dec), a.col_key,
+                                    idx_a + a.M);
+    } else {
+      float ama = 0.0f, amb = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        ama = amax_combine(ama, va[i]);
+        amb = amax_combine(amb, vb[i]);
+      }
+      sda = block_scale_fast(ama, g.k);
+      sdb = block_scale_fast(amb, g.k);
+      const int64_t idx_a = (k0 + 2 * p) * a.M + m0 + 16 * mb;
+      ca = nvfp4_codes16<kSR, false>(va, nvfp4_block_multiplier(sda, g.s_dec), a.col_key, idx_a);
+      cb = nvfp4_codes16<kSR, false>(vb, nvfp4_block_multiplier(sdb, g.s_dec), a.col_key,
+                                     idx_a + a.M);
+    }
+    const int ks = (2 * p) ^ ((mb >> 1) << 2);  // even: bit 0 is never swizzled
+    *reinterpret_cast<ulonglong2*>(&s.cp[mb][ks]) = make_ulonglong2(ca, cb);
+    s.cs[mb][p] = uint16_t(sda | (uint32_t(sdb) << 8));
+    __syncthreads();
+    // Transposed row k of the tile: 64 bytes of codes (M-blocks 0..7) and 8 scale bytes.
+    const int k = t >> 2, q = t & 3;
+    const int kz = k ^ (q << 2);  // the swizzle of M-blocks 2q and 2q + 1
+    const uint64_t lo = s.cp[2 * q][kz], hi = s.cp[2 * q + 1][kz];
+    const uint16_t* cs16 = &s.cs[0][0];
+    const uint32_t sc_lo =
+        uint32_t(cs16[(2 * q) * (kV10K / 2) + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
+    const uint32_t sc_hi =
+        uint32_t(cs16[(2 * q + 1) * (kV10K / 2) + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
+    *reinterpret_cast<ulonglong2*>(a.qt + (k0 + k) * (a.M / 2) + m0 / 2 + 16 * q) =
+        make_ulonglong2(lo, hi);
+    *reinterpret_cast<uint16_t*>(a.qt_scale + (k0 + k) * (a.M / 16) + m0 / 16 + 2 * q) =
+        uint16_t(sc_lo | (sc_hi << 8));
+  }
+}
+
+// ---- NVFP4 quantize pass, v11 (default): 1×16 blocks, bf16 source, full 128×64 tiles ----------
+//
+// v10's tile, thread tasks and staging layout (see above), with the work per element cut down
+// and the loads kept in flight:
+//  * Persistent grid: a block walks the tiles b, b + gridDim.x, ... (M fastest, as every grid
+//    here, for the locality of the transposed writes) and issues the four 16-byte loads of its
+//    next tile before it quantizes the current one, so a tile's 16 KB are in flight while the
+//    previous one is computed (v10: load, wait, compute, exit; nothing in flight while a block
+//    computes, which is most of its life).
+//  * Block multipliers from a table: m = nvfp4_block_multiplier(sd, s_dec) depends only on the
+//    7-bit scale code and the copy's s_dec, so a block computes the 2 × 128 values once into
+//    shared memory; a 1×16 block then costs one LDS instead of a decode and an RN reciprocal.
+//  * Codes by e2m1_fast.h: round to nearest in 6 fp32 instructions per code, stochastic rounding
+//    from integer operations on the product's bits (v10: e2m1_rn_fast, ~13, and the generic
+//    codec for SR), nibbles summed in place and the 8 sign bits of a word gathered by byte
+//    permutes. The encoders are exact for every input but NaN, so:
+//  * Block amaxes on packed bf16 pairs, NaN propagating: max.NaN.xorsign.abs.bf16x2 takes
+//    max |.| of two pairs per instruction (rowwise: the loaded words; columnwise: the words of
+//    cvt.rn.bf16x2, both chunks at once). A block whose amax comes out NaN holds a NaN; it takes
+//    v10's path (amax_combine, which skips NaN, and the codec, which writes NaN as +6).
+//  * RHT stage 1 fused with the ±1/4 step (rht16_butterfly_f32_fused, the same values).
+// Per source element (both copies, RHT on) that is about 30 instructions against v10's 45-50;
+// every value is the same operation on the same operands as in v10, the Philox indices included.
+constexpr int kV11M = kV10M;  // tile rows (M)
+constexpr int kV11K = kV10K;  // tile columns (K)
+
+struct Nvfp4V11Smem {
+  uint4 tile[kV11M][kV11K / 8];        // bf16 granules, swizzled: [r][g ^ (r & 1)]
+  uint64_t cp[kV11M / 16][kV11K];      // packed column codes [mb][k ^ 4·(mb / 2)]
+  uint16_t cs[kV11M / 16][kV11K / 2];  // column scales [mb][k / 2], two per word (k even low)
+  float mult[2][128];  // block multiplier by scale code: [0] rowwise, [1] columnwise
+};
+
+// Half by half max(|a|, |b|) of two bf16 pairs, NaN in either operand giving NaN. The sign bits of
+// the result are the XOR of the operands' (the .xorsign.abs form) and mean nothing: callers mask
+// them. |.| of bf16 values is exact, so the max is one of the |values|, as amax_combine's.
+__device__ __forceinline__ uint32_t bf16x2_absmax_nan(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// bf16x2_absmax_nan over N words (N a power of two) as a tree; the result's sign bits cleared.
+template <int N>
+__device__ __forceinline__ uint32_t bf16x2_absmax_tree(const uint32_t (&w)[N]) {
+  if constexpr (N == 1) {
+    return w[0] & 0x7FFF7FFFu;
+  } else {
+    uint32_t m[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) m[i] = bf16x2_absmax_nan(w[i], w[i + N / 2]);
+    return bf16x2_absmax_tree<N / 2>(m);
+  }
+}
+
+// Either half of a masked absmax word is NaN (above 0x7F80): adding 0x7F carries into bit 15 of
+// that half exactly then (no carry crosses halves: 0x7FFF + 0x7F < 0x10000).
+__device__ __forceinline__ bool bf16x2_any_nan(uint32_t masked) {
+  return ((masked + 0x007F007Fu) & 0x80008000u) != 0;
+}
+
+// Two scale codes at once (lo, hi): block_scale_fast of both with one cvt.
+__device__ __forceinline__ uint32_t block_scale_pair(float amax_lo, float amax_hi, float k) {
+  return cvt_fp8x2(fmin_num(mul_rn(amax_lo, k), f32_max_finite()),
+                   fmin_num(mul_rn(amax_hi, k), f32_max_finite()), false);
+}
+
+// 16 values (no NaN) → 16 packed E2M1 codes of RN(v·mult) (kZeroFix: RN(v·mult + 0), see v10),
+// or with stochastic rounding by the Philox stream at indices idx0 + i (idx0 % 4 == 0: one
+// Philox block per four codes, as quantize_block).
+template <bool kSR, bool kZeroFix>
+__device__ __forceinline__ uint64_t nvfp4_codes16_fast(const float (&v)[16], float mult, RngKey key,
+                                                       int64_t idx0) {
+  uint32_t word[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float p[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      p[i] = kZeroFix ? fma_rn_zero(v[8 * h + i], mult) : mul_rn(v[8 * h + i], mult);
+    }
+    if constexpr (kSR) {
+      uint32_t r[8];
+#pragma unroll
+      for (int g = 0; g < 2; ++g) {
+        const Philox4 b = philox_block(key.seed, key.offset, uint64_t(idx0 + 8 * h + 4 * g) >> 2);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) r[4 * g + j] = b.v[j];
+      }
+      word[h] = e2m1_pack8_sr(p, r);
+    } else {
+      word[h] = e2m1_pack8_rn(p);
+    }
+  }
+  return (uint64_t(word[1]) << 32) | word[0];
+}
+
+// The 16 bf16 values of words w[0..7] (element 2i low, 2i + 1 high) as fp32.
+__device__ __forceinline__ void unpack16(const uint32_t (&w)[8], float (&v)[16]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    v[2 * i] = bf16_lo(w[i]);
+    v[2 * i + 1] = bf16_hi(w[i]);
+  }
+}
+
+// Rowwise block (16 values in w) with scale code sd: packed codes, fast unless the block holds
+// NaN (then v10's codec path).
+template <bool kSR>
+__device__ __forceinline__ uint64_t nvfp4_row_codes_v11(const uint32_t (&w)[8], bool has_nan,
+                                                        float mult, RngKey key, int64_t idx0) {
+  float v[16];
+  unpack16(w, v);
+  if (has_nan) return nvfp4_codes16<kSR, false>(v, mult, key, idx0);
+  return nvfp4_codes16_fast<kSR, false>(v, mult, key, idx0);
+}
+
+// Columnwise pair of chunks (a: low halves of w, b: high halves), scale codes sda, sdb: packed
+// codes of both. kZeroFix with RHT (the "+0 for a zero result" of the transform).
+template <bool kSR, bool kZeroFix>
+__device__ __forceinline__ void nvfp4_col_codes_v11(const uint32_t (&w)[16], bool has_nan, float ma,
+                                                    float mb, RngKey key, int64_t idx_a,
+                                                    int64_t idx_b, uint64_t& ca, uint64_t& cb) {
+  float va[16], vb[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    va[i] = bf16_lo(w[i]);
+    vb[i] = bf16_hi(w[i]);
+  }
+  if (has_nan) {
+    ca = nvfp4_codes16<kSR, kZeroFix>(va, ma, key, idx_a);
+    cb = nvfp4_codes16<kSR, kZeroFix>(vb, mb, key, idx_b);
+  } else {
+    ca = nvfp4_codes16_fast<kSR, kZeroFix>(va, ma, key, idx_a);
+    cb = nvfp4_codes16_fast<kSR, kZeroFix>(vb, mb, key, idx_b);
+  }
+}
+
+// Thread t's part of tile `tile` (M fastest over mt tiles of M): rows t/4 and t/4 + 64, granules
+// 2·(t % 4) and +1.
+__device__ __forceinline__ void nvfp4_v11_load(const uint16_t* __restrict__ x, int64_t K,
+                                               int64_t tile, int64_t mt, int t,
+                                               uint4 (&raw)[2][2]) {
+  const int64_t m0 = (tile % mt) * kV11M, k0 = (tile / mt) * kV11K;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const uint16_t* p = x + (m0 + (t >> 2) + 64 * j) * K + k0 + 16 * (t & 3);
+    raw[j][0] = *reinterpret_cast<const uint4*>(p);
+    raw[j][1] = *reinterpret_cast<const uint4*>(p + 8);
+  }
+}
+
+// Preconditions (checked by the launcher): !two_d, M % 128 == 0, K % 64 == 0, x 16-byte aligned;
+// the grid is at most the number of tiles. Outputs as in nvfp4_kernel.
+template <bool kSR>
+__global__ void __launch_bounds__(kThreads, 2)
+    nvfp4_quant_v11_kernel(const uint16_t* __restrict__ x, Nvfp4Args a) {
+  __shared__ Nvfp4V11Smem s;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int rb = t & 3;  // rowwise K-block of this thread
+  const int64_t mt = a.M / kV11M, n_tiles = mt * (a.K / kV11K);
+  // Every thread derives the global scales (the amaxes are final when the kernel starts); the
+  // multiplier tables are published by the first __syncthreads of the loop.
+  const Nvfp4GlobalScale g_row = nvfp4_global_scale(*a.amax_row);
+  const Nvfp4GlobalScale g_col = a.columnwise ? nvfp4_global_scale(*a.amax_col) : g_row;
+  if (t < 128) {
+    s.mult[0][t] = nvfp4_block_multiplier(uint8_t(t), g_row.s_dec);
+  } else {
+    s.mult[1][t - 128] = nvfp4_block_multiplier(uint8_t(t - 128), g_col.s_dec);
+  }
+
+  int64_t tile = blockIdx.x;
+  uint4 raw[2][2];  // [j][half]: row t/4 + 64j, granules 2·rb + half
+  nvfp4_v11_load(x, a.K, tile, mt, t, raw);
+  for (; tile < n_tiles; tile += gridDim.x) {
+    const int64_t m0 = (tile % mt) * kV11M, k0 = (tile / mt) * kV11K;
+    if (a.columnwise) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = (t >> 2) + 64 * j;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) s.tile[r][(2 * rb + h) ^ (r & 1)] = raw[j][h];
+      }
+    }
+    // The next tile's loads go out now and land while this tile is quantized.
+    uint4 next[2][2];
+    const int64_t tile_next = tile + gridDim.x;
+    if (tile_next < n_tiles) nvfp4_v11_load(x, a.K, tile_next, mt, t, next);
+    __syncthreads();
+
+    if (a.rowwise) {
+      uint32_t w[2][8];
+      uint32_t am16[2];
+      bool nan[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t ww[8] = {raw[j][0].x, raw[j][0].y, raw[j][0].z, raw[j][0].w,
+                                raw[j][1].x, raw[j][1].y, raw[j][1].z, raw[j][1].w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[j][i] = ww[i];
+        const uint32_t m = bf16x2_absmax_tree(w[j]);
+        nan[j] = bf16x2_any_nan(m);
+        am16[j] = max(m & 0xFFFFu, m >> 16);
+      }
+      float am[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        am[j] = __uint_as_float(am16[j] << 16);
+        if (nan[j]) {  // rare: the amax that skips NaN
+          float v[16];
+          unpack16(w[j], v);
+          am[j] = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 16; ++i) am[j] = amax_combine(am[j], v[i]);
+        }
+      }
+      const uint32_t sd2 = block_scale_pair(am[0], am[1], g_row.k);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t sd = (sd2 >> (8 * j)) & 0xFFu;
+        const int64_t m = m0 + (t >> 2) + 64 * j;
+        const int64_t idx0 = m * a.K + k0 + 16 * rb;
+        const uint64_t packed =
+            nvfp4_row_codes_v11<kSR>(w[j], nan[j], s.mult[0][sd], a.row_key, idx0);
+        *reinterpret_cast<uint64_t*>(a.q + idx0 / 2) = packed;
+        a.q_scale[m * (a.K / 16) + k0 / 16 + rb] = uint8_t(sd);
+      }
+    }
+
+    if (a.columnwise) {
+      const int p = lane, mb = warp;  // columns 2p, 2p + 1; rows 16·mb .. +16
+      uint32_t w[16];                 // row i: column 2p low, 2p + 1 high
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int r = mb * 16 + i;
+        w[i] = reinterpret_cast<const uint32_t*>(&s.tile[r][(p >> 2) ^ (r & 1)])[p & 3];
+      }
+      if (a.rht) {
+        float va[16], vb[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          va[i] = bf16_lo(w[i]);
+          vb[i] = bf16_hi(w[i]);
+        }
+        rht16_butterfly_f32_fused(va);
+        rht16_butterfly_f32_fused(vb);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {  // RN to bf16, both chunks per instruction (v10)
+          asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(vb[i]), "f"(va[i]));
+        }
+      }
+      const uint32_t m = bf16x2_absmax_tree(w);
+      const bool nan = bf16x2_any_nan(m);
+      float ama = __uint_as_float(m << 16), amb = __uint_as_float(m & 0xFFFF0000u);
+      if (nan) {  // rare: the amaxes that skip NaN
+        ama = 0.0f;
+        amb = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          ama = amax_combine(ama, bf16_lo(w[i]));
+          amb = amax_combine(amb, bf16_hi(w[i]));
+        }
+      }
+      const uint32_t sd2 = block_scale_pair(ama, amb, g_col.k);
+      const float ma = s.mult[1][sd2 & 0xFFu], mbm = s.mult[1][sd2 >> 8];
+      const int64_t idx_a = (k0 + 2 * p) * a.M + m0 + 16 * mb;
+      uint64_t ca, cb;
+      if (a.rht) {
+        nvfp4_col_codes_v11<kSR, true>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + a.M, ca, cb);
+      } else {
+        nvfp4_col_codes_v11<kSR, false>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + a.M, ca, cb);
+      }
+      const int ks = (2 * p) ^ ((mb >> 1) << 2);  // even: bit 0 is never swizzled
+      *reinterpret_cast<ulonglong2*>(&s.cp[mb][ks]) = make_ulonglong2(ca, cb);
+      s.cs[mb][p] = uint16_t(sd2);
+      __syncthreads();
+      // Transposed row k of the tile: 64 bytes of codes (M-blocks 0..7) and 8 scale bytes.
+      const int k = t >> 2, q = t & 3;
+      const int kz = k ^ (q << 2);  // the swizzle of M-blocks 2q and 2q + 1
+      const uint64_t lo = s.cp[2 * q][kz], hi = s.cp[2 * q + 1][kz];
+      const uint16_t* cs16 = &s.cs[0][0];
+      const uint32_t sc_lo =
+          uint32_t(cs16[(2 * q) * (kV11K / 2) + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
+      const uint32_t sc_hi =
+          uint32_t(cs16[(2 * q + 1) * (kV11K / 2) + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
+      *reinterpret_cast<ulonglong2*>(a.qt + (k0 + k) * (a.M / 2) + m0 / 2 + 16 * q) =
+          make_ulonglong2(lo, hi);
+      *reinterpret_cast<uint16_t*>(a.qt_scale + (k0 + k) * (a.M / 16) + m0 / 16 + 2 * q) =
+          uint16_t(sc_lo | (sc_hi << 8));
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      raw[j][0] = next[j][0];
+      raw[j][1] = next[j][1];
+    }
+  }
+}
+
+// Blocks of v11's persistent grid: as many as are resident on the device at once, at most one
+// per tile. The occupancy is asked once per kernel, the SM count once per device.
+template <bool kSR>
+unsigned nvfp4_v11_blocks(int64_t n_tiles) {
+  static const int blocks_per_sm = [] {
+    int b = 0;
+    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, nvfp4_quant_v11_kernel<kSR>,
+                                                                    kThreads, 0));
+    return b > 0 ? b : 1;
+  }();
+  static std::atomic<int> sms[64] = {};
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  int n_sm = dev < 64 ? sms[dev].load(std::memory_order_relaxed) : 0;
+  if (n_sm == 0) {
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < 64) sms[dev].store(n_sm, std::memory_order_relaxed);
+  }
+  const int64_t resident = int64_t(n_sm) * blocks_per_sm;
+  return unsigned(n_tiles < resident ? n_tiles : resident);
+}
+
+}  // namespace
+
+template <typename T>
+void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool rht, bool sr,
+           bool two_d, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale, uint8_t* qt,
+           uint8_t* qt_scale, float* amax_row, float* amax_col, bool amax_ready,
+           cudaStream_t stream) {
+  if (M == 0 || K == 0) return;
+  const dim3 grid(unsigned(ceil_div(M, kT)), unsigned(ceil_div(K, kT)));
+  Nvfp4Args a{M,       K, rowwise, columnwise, rht,      sr,       two_d,   row_key,
+              col_key, q, q_scale, qt,         qt_scale, amax_row, amax_col};
+  const bool v9 = !legacy_kernels();
+  auto amax_pass = nvfp4_kernel<T, Pass::kAmax, false, false>;
+  auto quant_pass = v9 ? (sr ? nvfp4_kernel<T, Pass::kQuantize, true, true>
+                             : nvfp4_kernel<T, Pass::kQuantize, false, true>)
+                       : (sr ? nvfp4_kernel<T, Pass::kQuantize, true, false>
+                             : nvfp4_kernel<T, Pass::kQuantize, false, false>);
+  // v11 (default) and v10: bf16, 1×16 blocks, full 128×64 tiles, 16-byte aligned source
+  // (LOWBIT_QUANT_KERNELS=v10 keeps v10); v9/v8 for every other case and under
+  // LOWBIT_QUANT_KERNELS=v9 / v8.
+  const bool full_tiles = std::is_same_v<T, uint16_t> && !two_d && M % kV10M == 0 &&
+                          K % kV10K == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int version = quant_kernels_version();
+  const bool v11 = full_tiles && version >= 11;
+  const bool v10 = full_tiles && version == 10;
+  if (!v10 && !v11) set_smem(quant_pass);
+  if (!amax_ready) {
+    const bool v9_amax = v9 && std::is_same_v<T, uint16_t> && M % 16 == 0 && K % 8 == 0 &&
+                         reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    if (v9_amax) {
+      const int64_t n_tasks = (M / 16) * (K / 8);
+      nvfp4_amax_v9_kernel<<<unsigned(ceil_div(n_tasks, int64_t(kThreads))), kThreads, 0, stream>>>(
+          reinterpret_cast<const uint16_t*>(x), M, K, rowwise || two_d, columnwise && !two_d, rht,
+          amax_row, amax_col);
+    } else {
+      set_smem(amax_pass);
+      amax_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
+    }
+    LOWBIT_CUDA_CHECK_LAUNCH();
+  }
+  if (v11) {
+    const int64_t n_tiles = (M / kV11M) * (K / kV11K);
+    const auto* xb = reinterpret_cast<const uint16_t*>(x);
+    if (sr) {
+      nvfp4_quant_v11_kernel<true><<<nvfp4_v11_blocks<true>(n_tiles), kThreads, 0, stream>>>(xb, a);
+    } else {
+      nvfp4_quant_v11_kernel<false>
+          <<<nvfp4_v11_blocks<false>(n_tiles), kThreads, 0, stream>>>(xb, a);
+    }
+  } else if (v10) {
+    const dim3 grid10(unsigned(M / kV10M), unsigned(K / kV10K));
+    const auto* xb = reinterpret_cast<const uint16_t*>(x);
+    if (sr) {
+      nvfp4_quant_v10_kernel<true><<<grid10, kThreads, 0, stream>>>(xb, a);
+    } else {
+      nvfp4_quant_v10_kernel<false><<<grid10, kThreads, 0, stream>>>(xb, a);
+    }
+  } else {
+    quant_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+#define LOWBIT_INSTANTIATE(T)                                                                      \
+  template void nvfp4<T>(const T*, int64_t, int64_t, bool, bool, bool, bool, bool, RngKey, RngKey, \
+                         uint8_t*, uint8_t*, uint8_t*, uint8_t*, float*, float*, bool,             \
+                         cudaStream_t);
+LOWBIT_INSTANTIATE(uint16_t)
+LOWBIT_INSTANTIATE(float)
+#undef LOWBIT_INSTANTIATE
+
+}  // namespace lowbit::quant_cuda
