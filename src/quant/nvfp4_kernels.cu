@@ -297,6 +297,25 @@ struct Nvfp4V10Smem {
   Nvfp4GlobalScale g[2];
 };
 
+// Transposed row k = t / 4 of a 128×64 tile's columnwise copy (v10 and v11 stage it alike):
+// 64 bytes of codes for M-blocks 0..7, from the swizzled cp, and 8 scale bytes, from cs; thread
+// t writes M-blocks 2q and 2q + 1 (q = t % 4).
+template <typename Smem>
+__device__ __forceinline__ void store_col_tile_row(const Smem& s, const Nvfp4Args& a, int64_t m0,
+                                                   int64_t k0, int t) {
+  constexpr int kHalfK = int(sizeof(s.cs[0]) / sizeof(uint16_t));  // scale words per M-block
+  const int k = t >> 2, q = t & 3;
+  const int kz = k ^ (q << 2);  // the swizzle of M-blocks 2q and 2q + 1
+  const uint64_t lo = s.cp[2 * q][kz], hi = s.cp[2 * q + 1][kz];
+  const uint16_t* cs16 = &s.cs[0][0];
+  const uint32_t sc_lo = uint32_t(cs16[(2 * q) * kHalfK + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
+  const uint32_t sc_hi = uint32_t(cs16[(2 * q + 1) * kHalfK + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
+  *reinterpret_cast<ulonglong2*>(a.qt + (k0 + k) * (a.M / 2) + m0 / 2 + 16 * q) =
+      make_ulonglong2(lo, hi);
+  *reinterpret_cast<uint16_t*>(a.qt_scale + (k0 + k) * (a.M / 16) + m0 / 16 + 2 * q) =
+      uint16_t(sc_lo | (sc_hi << 8));
+}
+
 __device__ __forceinline__ float fma_rn_zero(float a, float b) {  // RN(a · b + 0), never fused away
   float r;
   asm("fma.rn.f32 %0, %1, %2, 0f00000000;" : "=f"(r) : "f"(a), "f"(b));
@@ -440,19 +459,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     *reinterpret_cast<ulonglong2*>(&s.cp[mb][ks]) = make_ulonglong2(ca, cb);
     s.cs[mb][p] = uint16_t(sda | (uint32_t(sdb) << 8));
     __syncthreads();
-    // Transposed row k of the tile: 64 bytes of codes (M-blocks 0..7) and 8 scale bytes.
-    const int k = t >> 2, q = t & 3;
-    const int kz = k ^ (q << 2);  // the swizzle of M-blocks 2q and 2q + 1
-    const uint64_t lo = s.cp[2 * q][kz], hi = s.cp[2 * q + 1][kz];
-    const uint16_t* cs16 = &s.cs[0][0];
-    const uint32_t sc_lo =
-        uint32_t(cs16[(2 * q) * (kV10K / 2) + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
-    const uint32_t sc_hi =
-        uint32_t(cs16[(2 * q + 1) * (kV10K / 2) + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
-    *reinterpret_cast<ulonglong2*>(a.qt + (k0 + k) * (a.M / 2) + m0 / 2 + 16 * q) =
-        make_ulonglong2(lo, hi);
-    *reinterpret_cast<uint16_t*>(a.qt_scale + (k0 + k) * (a.M / 16) + m0 / 16 + 2 * q) =
-        uint16_t(sc_lo | (sc_hi << 8));
+    store_col_tile_row(s, a, m0, k0, t);
   }
 }
 
@@ -732,19 +739,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       *reinterpret_cast<ulonglong2*>(&s.cp[mb][ks]) = make_ulonglong2(ca, cb);
       s.cs[mb][p] = uint16_t(sd2);
       __syncthreads();
-      // Transposed row k of the tile: 64 bytes of codes (M-blocks 0..7) and 8 scale bytes.
-      const int k = t >> 2, q = t & 3;
-      const int kz = k ^ (q << 2);  // the swizzle of M-blocks 2q and 2q + 1
-      const uint64_t lo = s.cp[2 * q][kz], hi = s.cp[2 * q + 1][kz];
-      const uint16_t* cs16 = &s.cs[0][0];
-      const uint32_t sc_lo =
-          uint32_t(cs16[(2 * q) * (kV11K / 2) + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
-      const uint32_t sc_hi =
-          uint32_t(cs16[(2 * q + 1) * (kV11K / 2) + (k >> 1)] >> (8 * (k & 1))) & 0xFFu;
-      *reinterpret_cast<ulonglong2*>(a.qt + (k0 + k) * (a.M / 2) + m0 / 2 + 16 * q) =
-          make_ulonglong2(lo, hi);
-      *reinterpret_cast<uint16_t*>(a.qt_scale + (k0 + k) * (a.M / 16) + m0 / 16 + 2 * q) =
-          uint16_t(sc_lo | (sc_hi << 8));
+      store_col_tile_row(s, a, m0, k0, t);
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
