@@ -230,11 +230,6 @@ class LlamaModel {
   // The master weights changed (an optimizer step): the quantized weights and the bf16 weights
   // derived for decoding are rebuilt when next needed.
   void weights_changed();
-  // Quantizes every linear weight of the plan from RN_bf16(master), both copies, and keeps them
-  // until the weights change (otherwise the forward and backward quantize each weight where
-  // they use it: ForwardOptions::recompute_quantized_weights). Weights that reach the GEMMs
-  // only quantized keep no bf16 compute copy: each is converted into a transient one.
-  void quantize_weights();
   // The bf16 weight [rows, cols] of block linear `lin` (l·4 + LinearKind) or of the head
   // (lin = L·4): the compute copy, or for a quantized linear a conversion of its master weight,
   // cached until the weights change (generation).

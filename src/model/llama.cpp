@@ -67,8 +67,8 @@ struct LlamaModel::Impl {
   // (dgrad). By default each is made where it is used — the rowwise one in the forward, the
   // columnwise one in the backward, layer by layer — from the same bf16 values and scales
   // (bit-identical to making both at once) and dropped after its GEMM; they are kept here for
-  // the rest of the step when ForwardOptions::recompute_quantized_weights is off or after
-  // quantize_weights().
+  // the rest of the step (until weights_changed()) when
+  // ForwardOptions::recompute_quantized_weights is off.
   std::vector<QuantizedTensor> wq, wq_col;
   // [L·4 + 1] bf16 weights converted from the master for the decoder (linears that keep no
   // compute copy), until the weights change.
@@ -166,17 +166,6 @@ struct LlamaModel::Impl {
       }
     }
     return q;
-  }
-
-  // Quantizes every quantized linear's weight, both copies, and keeps them until the weights
-  // change.
-  void quantize_weights() {
-    for (int lin = 0; lin <= num_linears(); ++lin) {
-      if (precision(lin).recipe == Recipe::kBF16) continue;
-      QuantizedTensor tmp;
-      weight_copy(lin, true, tmp, true);
-      weight_copy(lin, false, tmp, true);
-    }
   }
 
   // One copy of linear `lin`'s quantized weight: rowwise (fprop) or columnwise (dgrad). The kept
@@ -678,8 +667,6 @@ void LlamaModel::sync_compute_weights() {
 }
 
 void LlamaModel::weights_changed() { impl_->weights_changed(); }
-
-void LlamaModel::quantize_weights() { impl_->quantize_weights(); }
 
 TensorView LlamaModel::bf16_weight(int lin) { return impl_->bf16_weight(lin); }
 

@@ -66,57 +66,20 @@ inline AdamWScalars adamw_scalars(const AdamWConfig& cfg) {
   return s;
 }
 
-namespace adamw_rn {
-
-// Single RN fp32 operations that complete rn_ops.h for the update (never contracted on the
-// device; the CPU twin's translation unit is compiled with -ffp-contract=off), and the fma.
-LOWBIT_HD float add(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-LOWBIT_HD float sub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-// a·b + c rounded once (IEEE fusedMultiplyAdd on both sides).
-LOWBIT_HD float fma(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
-LOWBIT_HD float sqrt(float a) {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(a);
-#else
-  return std::sqrt(a);  // IEEE binary32 square root, correctly rounded
-#endif
-}
-
-}  // namespace adamw_rn
-
 // One element of the step: p, m, v updated in place from the raw gradient `grad` and the grad
 // scale; `decay` selects the weight decay of the element's segment.
 LOWBIT_HD void adamw_update(float& p, float& m, float& v, float grad, float grad_scale, bool decay,
                             const AdamWScalars& s) {
-  using namespace adamw_rn;
   const float g = mul_rn(grad, grad_scale);
   if (decay) p = mul_rn(p, s.decay);
   if (abs_f32(s.w1) < 0.5f) {  // torch.lerp: interpolate from the nearer end
-    m = adamw_rn::fma(s.w1, sub(g, m), m);
+    m = fma_rn(s.w1, sub_rn(g, m), m);
   } else {
-    m = adamw_rn::fma(sub(s.w1, 1.0f), sub(g, m), g);
+    m = fma_rn(sub_rn(s.w1, 1.0f), sub_rn(g, m), g);
   }
-  v = adamw_rn::fma(mul_rn(s.w2, g), g, mul_rn(v, s.beta2));
-  const float d = add(div_rn(adamw_rn::sqrt(v), s.c2), s.eps);
-  p = add(p, div_rn(mul_rn(s.neg_step, m), d));
+  v = fma_rn(mul_rn(s.w2, g), g, mul_rn(v, s.beta2));
+  const float d = add_rn(div_rn(sqrt_rn(v), s.c2), s.eps);
+  p = add_rn(p, div_rn(mul_rn(s.neg_step, m), d));
 }
 
 // ---- CPU twin (adamw_ref.cpp) ---------------------------------------------------------------

@@ -6,6 +6,7 @@
 
 #include "lowbit/ops.h"
 #include "ops/attention_impl.h"
+#include "ops/ops_check.h"
 
 namespace lowbit {
 
@@ -48,22 +49,7 @@ void check_heads(const Context& ctx, const char* op, const char* name, const Ten
                   t.size(3) == s.Dh;
   LOWBIT_USER_CHECK(ok, "{}: {} must be {} (B, T, {}, Dh), got {}", op, name,
                     shape_str(s.B, s.T, heads, s.Dh), heads == s.H ? "H" : "Hkv", t.str());
-  LOWBIT_USER_CHECK(t.strides[3] == 1,
-                    "{}: {} must be contiguous along its last dim (Dh), but its strides are {}; "
-                    "pass a view whose rows are contiguous",
-                    op, name, t.strides.str());
-  for (int i = 0; i < 3; ++i) {
-    LOWBIT_USER_CHECK(t.strides[i] >= 0, "{}: {} has a negative stride ({})", op, name,
-                      t.strides.str());
-  }
-  if (ctx.on_gpu()) {
-    const bool aligned = reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 8 == 0 &&
-                         t.strides[1] % 8 == 0 && t.strides[2] % 8 == 0;
-    LOWBIT_USER_CHECK(aligned,
-                      "{}: {} must start on a 16-byte boundary with strides that are multiples "
-                      "of 8 elements on the GPU (strides {}); pad the buffer it views",
-                      op, name, t.strides.str());
-  }
+  ops_detail::check_heads_layout(ctx, op, name, t);
 }
 
 void check_lse(const Context& ctx, const char* op, const TensorView& lse, const AttnShape& s) {

@@ -30,23 +30,7 @@ void check_heads(const Context& ctx, const char* op, const char* name, const Ten
                       "{}: {} is {}; it takes bf16 tensors (or f32 on the CPU)", op, name,
                       dtype_name(t.dtype));
   }
-  LOWBIT_USER_CHECK(t.strides[3] == 1 || t.size(3) <= 1,
-                    "{}: {} must be contiguous along its last dim (Dh), but its strides are {}; "
-                    "pass a view whose rows are contiguous",
-                    op, name, t.strides.str());
-  for (int i = 0; i < 3; ++i) {
-    LOWBIT_USER_CHECK(t.strides[i] >= 0, "{}: {} has a negative stride ({})", op, name,
-                      t.strides.str());
-  }
-  if (ctx.on_gpu()) {
-    const bool aligned = reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 8 == 0 &&
-                         t.strides[1] % 8 == 0 && t.strides[2] % 8 == 0 && t.size(3) % 8 == 0;
-    LOWBIT_USER_CHECK(aligned,
-                      "{}: {} must start on a 16-byte boundary with Dh and strides that are "
-                      "multiples of 8 elements on the GPU (shape {}, strides {}); pad the buffer "
-                      "it views",
-                      op, name, t.shape.str(), t.strides.str());
-  }
+  ops_detail::check_heads_layout(ctx, op, name, t);
 }
 
 // t0 + Tq must fit the cache: positions past Tmax have no row.

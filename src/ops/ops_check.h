@@ -56,6 +56,30 @@ inline void check_same_shape(const char* op, const char* name, const TensorView&
                     name, t.shape.str(), ref_name, ref.shape.str());
 }
 
+// The layout the attention kernels read a 4-D [B, T, heads, Dh] view in: last dim contiguous,
+// non-negative strides and, on the GPU, 16-byte aligned rows (Dh and the strides multiples of 8
+// elements: the kernels move rows in 16-byte pieces).
+inline void check_heads_layout(const Context& ctx, const char* op, const char* name,
+                               const TensorView& t) {
+  LOWBIT_USER_CHECK(t.strides[3] == 1 || t.size(3) <= 1,
+                    "{}: {} must be contiguous along its last dim (Dh), but its strides are {}; "
+                    "pass a view whose rows are contiguous",
+                    op, name, t.strides.str());
+  for (int i = 0; i < 3; ++i) {
+    LOWBIT_USER_CHECK(t.strides[i] >= 0, "{}: {} has a negative stride ({})", op, name,
+                      t.strides.str());
+  }
+  if (ctx.on_gpu()) {
+    const bool aligned = reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % 8 == 0 &&
+                         t.strides[1] % 8 == 0 && t.strides[2] % 8 == 0 && t.size(3) % 8 == 0;
+    LOWBIT_USER_CHECK(aligned,
+                      "{}: {} must start on a 16-byte boundary with Dh and strides that are "
+                      "multiples of 8 elements on the GPU (shape {}, strides {}); pad the buffer "
+                      "it views",
+                      op, name, t.shape.str(), t.strides.str());
+  }
+}
+
 // ---- CPU twin helpers: rows of bf16 / f32 tensors as fp32 --------------------------------------
 
 // n elements starting at element offset `off` of t (contiguous run), widened to fp32.

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "ops/ops_cuda.cuh"
 #include "ops/quant_epilogue.h"
 #include "quant/cuda_common.cuh"
 
@@ -24,10 +25,34 @@ __device__ __forceinline__ uint2 fp8_codes8(const float v[8], float scale, bool 
   return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
 }
 
-// Writes 8 codes at tile + off, an address that is 4-byte (not necessarily 8-byte) aligned.
-__device__ __forceinline__ void stage_codes8(uint8_t* tile, int off, uint2 codes) {
-  reinterpret_cast<uint32_t*>(tile + off)[0] = codes.x;
-  reinterpret_cast<uint32_t*>(tile + off)[1] = codes.y;
+// One 8-element chunk of a fused epilogue. `v` are the op's fp32 results; each is rounded to
+// bf16 exactly as the unfused op stores it, and quantize() reads that bf16 value: it goes into
+// `amax`, to `out` (16-byte aligned, or null when the bf16 output is not asked for), and its
+// codes to `q` (8-byte aligned, or null) and, when kCol, to the staged tile at `tile_at` (4-byte
+// aligned: tile rows are padded to a pitch ≡ 4 mod 8).
+template <bool kCol>
+__device__ __forceinline__ void fp8_epilogue_chunk8(const float (&v)[8], float scale, bool e5m2,
+                                                    uint16_t* out, uint8_t* q, uint8_t* tile_at,
+                                                    float& amax) {
+  uint32_t packed[4];  // the bf16 pairs, element 2i in the low half
+  float image[8];      // the fp32 value of each rounded element
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    packed[i] = pack_bf16x2(v[2 * i], v[2 * i + 1]);
+    image[2 * i] = __uint_as_float(packed[i] << 16);
+    image[2 * i + 1] = __uint_as_float(packed[i] & 0xFFFF0000u);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = amax_combine(amax, image[i]);
+  if (out != nullptr) {
+    *reinterpret_cast<uint4*>(out) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+  const uint2 codes = fp8_codes8(image, scale, e5m2);
+  if (q != nullptr) *reinterpret_cast<uint2*>(q) = codes;
+  if constexpr (kCol) {
+    reinterpret_cast<uint32_t*>(tile_at)[0] = codes.x;
+    reinterpret_cast<uint32_t*>(tile_at)[1] = codes.y;
+  }
 }
 
 // Columnwise store of a tile of codes: tile [ROWS][pitch] bytes (ROWS a multiple of 32) holds

@@ -192,26 +192,13 @@ __global__ void __launch_bounds__(512)
       for (int k = 0; k < VPT; ++k) {
         const int c = (t + k * group_threads) * 8;
         if (c >= d) continue;
-        // y rounded to bf16 as rmsnorm_fwd stores it (yb), and the fp32 image of that bf16
-        // value (yv), which is what quantize() reads.
-        uint32_t yb[4];
-        float yv[8];
+        // y as rmsnorm_fwd computes it, before its rounding to bf16.
+        float yf[8];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float lo = __fmul_rn(__fmul_rn(xv[k].get(2 * i), rs), wv[k].get(2 * i));
-          const float hi = __fmul_rn(__fmul_rn(xv[k].get(2 * i + 1), rs), wv[k].get(2 * i + 1));
-          yb[i] = pack_bf16x2(lo, hi);
-          yv[2 * i] = __uint_as_float(yb[i] << 16);
-          yv[2 * i + 1] = __uint_as_float(yb[i] & 0xFFFF0000u);
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) local_amax = amax_combine(local_amax, yv[i]);
-        if (y != nullptr) {
-          *reinterpret_cast<uint4*>(y + row * d + c) = make_uint4(yb[0], yb[1], yb[2], yb[3]);
-        }
-        const uint2 codes = fp8_codes8(yv, scale, ep.e5m2);
-        if (ep.q != nullptr) *reinterpret_cast<uint2*>(ep.q + row * d + c) = codes;
-        if constexpr (kCol) stage_codes8(tile, r * pitch + c, codes);
+        for (int i = 0; i < 8; ++i) yf[i] = __fmul_rn(__fmul_rn(xv[k].get(i), rs), wv[k].get(i));
+        fp8_epilogue_chunk8<kCol>(yf, scale, ep.e5m2, y != nullptr ? y + row * d + c : nullptr,
+                                  ep.q != nullptr ? ep.q + row * d + c : nullptr,
+                                  tile + r * pitch + c, local_amax);
       }
     }
 #pragma unroll

@@ -114,26 +114,16 @@ __global__ void __launch_bounds__(kThreads)
     if (m >= n_rows || k >= f) continue;
     const uint32_t gw[4] = {graw[j].x, graw[j].y, graw[j].z, graw[j].w};
     const uint32_t uw[4] = {uraw[j].x, uraw[j].y, uraw[j].z, uraw[j].w};
-    // h rounded to bf16 as swiglu_fwd stores it (hb) and the fp32 image of that value (hv).
-    uint32_t hb[4];
-    float hv[8];
+    float hf[8];  // h as swiglu_fwd computes it, before its rounding to bf16
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float lo = swiglu_out(__uint_as_float(gw[i] << 16), __uint_as_float(uw[i] << 16));
-      const float hi =
+      hf[2 * i] = swiglu_out(__uint_as_float(gw[i] << 16), __uint_as_float(uw[i] << 16));
+      hf[2 * i + 1] =
           swiglu_out(__uint_as_float(gw[i] & 0xFFFF0000u), __uint_as_float(uw[i] & 0xFFFF0000u));
-      hb[i] = pack_bf16x2(lo, hi);
-      hv[2 * i] = __uint_as_float(hb[i] << 16);
-      hv[2 * i + 1] = __uint_as_float(hb[i] & 0xFFFF0000u);
     }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) local_amax = amax_combine(local_amax, hv[i]);
-    if (h != nullptr) {
-      *reinterpret_cast<uint4*>(h + m * f + k) = make_uint4(hb[0], hb[1], hb[2], hb[3]);
-    }
-    const uint2 codes = fp8_codes8(hv, scale, ep.e5m2);
-    if (ep.q != nullptr) *reinterpret_cast<uint2*>(ep.q + m * f + k) = codes;
-    if constexpr (kCol) stage_codes8(tile, r * kPitch + cc, codes);
+    fp8_epilogue_chunk8<kCol>(hf, scale, ep.e5m2, h != nullptr ? h + m * f + k : nullptr,
+                              ep.q != nullptr ? ep.q + m * f + k : nullptr, tile + r * kPitch + cc,
+                              local_amax);
   }
   if constexpr (kCol) {
     __syncthreads();  // the whole tile is staged
@@ -190,9 +180,7 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t gw[4] = {graw[j].x, graw[j].y, graw[j].z, graw[j].w};
     const uint32_t uw[4] = {uraw[j].x, uraw[j].y, uraw[j].z, uraw[j].w};
     const uint32_t dw[4] = {draw[j].x, draw[j].y, draw[j].z, draw[j].w};
-    // dgate and dup rounded to bf16 as swiglu_bwd stores them (gb, ub) and their fp32 images.
-    uint32_t gb[4], ub[4];
-    float gv[8], uv[8];
+    float gf[8], uf[8];  // dgate and dup as swiglu_bwd computes them, before the rounding
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const SwigluGrad lo = swiglu_grad(__uint_as_float(gw[i] << 16), __uint_as_float(uw[i] << 16),
@@ -200,33 +188,17 @@ __global__ void __launch_bounds__(kThreads)
       const SwigluGrad hi =
           swiglu_grad(__uint_as_float(gw[i] & 0xFFFF0000u), __uint_as_float(uw[i] & 0xFFFF0000u),
                       __uint_as_float(dw[i] & 0xFFFF0000u));
-      gb[i] = pack_bf16x2(lo.dg, hi.dg);
-      ub[i] = pack_bf16x2(lo.du, hi.du);
-      gv[2 * i] = __uint_as_float(gb[i] << 16);
-      gv[2 * i + 1] = __uint_as_float(gb[i] & 0xFFFF0000u);
-      uv[2 * i] = __uint_as_float(ub[i] << 16);
-      uv[2 * i + 1] = __uint_as_float(ub[i] & 0xFFFF0000u);
+      gf[2 * i] = lo.dg;
+      gf[2 * i + 1] = hi.dg;
+      uf[2 * i] = lo.du;
+      uf[2 * i + 1] = hi.du;
     }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      local_amax = amax_combine(local_amax, gv[i]);
-      local_amax = amax_combine(local_amax, uv[i]);
-    }
-    if (dgate_up != nullptr) {
-      uint16_t* dp = dgate_up + m * 2 * f + k;
-      *reinterpret_cast<uint4*>(dp) = make_uint4(gb[0], gb[1], gb[2], gb[3]);
-      *reinterpret_cast<uint4*>(dp + f) = make_uint4(ub[0], ub[1], ub[2], ub[3]);
-    }
-    const uint2 gcodes = fp8_codes8(gv, scale, ep.e5m2);
-    const uint2 ucodes = fp8_codes8(uv, scale, ep.e5m2);
-    if (ep.q != nullptr) {
-      *reinterpret_cast<uint2*>(ep.q + m * 2 * f + k) = gcodes;
-      *reinterpret_cast<uint2*>(ep.q + m * 2 * f + f + k) = ucodes;
-    }
-    if constexpr (kCol) {
-      stage_codes8(tiles[0], r * kPitch + cc, gcodes);
-      stage_codes8(tiles[1], r * kPitch + cc, ucodes);
-    }
+    uint16_t* dp = dgate_up != nullptr ? dgate_up + m * 2 * f + k : nullptr;
+    uint8_t* qp = ep.q != nullptr ? ep.q + m * 2 * f + k : nullptr;
+    fp8_epilogue_chunk8<kCol>(gf, scale, ep.e5m2, dp, qp, tiles[0] + r * kPitch + cc, local_amax);
+    fp8_epilogue_chunk8<kCol>(uf, scale, ep.e5m2, dp != nullptr ? dp + f : nullptr,
+                              qp != nullptr ? qp + f : nullptr, tiles[1] + r * kPitch + cc,
+                              local_amax);
   }
   if constexpr (kCol) {
     __syncthreads();  // both tiles are staged

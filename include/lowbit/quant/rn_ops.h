@@ -36,6 +36,14 @@ LOWBIT_HD float add_rn(float a, float b) {
 #endif
 }
 
+LOWBIT_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
 LOWBIT_HD float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fdiv_rn(a, b);
@@ -52,6 +60,15 @@ LOWBIT_HD float fma_rn(float a, float b, float c) {
   return __fmaf_rn(a, b, c);
 #else
   return std::fma(a, b, c);
+#endif
+}
+
+// The correctly rounded square root (IEEE binary32 on both sides).
+LOWBIT_HD float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
 #endif
 }
 
