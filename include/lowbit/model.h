@@ -191,6 +191,15 @@ struct ForwardOptions {
   // after its GEMM, instead of keeping both for the rest of the step (bit-identical; less memory,
   // for one more conversion of each weight per micro-batch after the first).
   bool recompute_quantized_weights = true;
+  // The outputs of each block's qkv and gate_up linears ([N, (H + 2·Hkv)·Dh] after RoPE and
+  // [N, 2F] — the largest activations a block saves) are dropped after the forward and
+  // recomputed in the backward from what the block keeps anyway (its input and the residual
+  // after attention): one more RMSNorm + qkv GEMM + RoPE and RMSNorm + gate_up GEMM per block,
+  // bit-identical gradients. kAuto: on for NVFP4 plans (the memory-first recipe), else off.
+  enum class Recompute { kAuto, kOn, kOff };
+  Recompute recompute_block_outputs = Recompute::kAuto;
+  // "auto", "on" or "off" (the --recompute_block_outputs flag); anything else is a UserError.
+  static Recompute recompute_from_name(const std::string& name);
   // Count saturated and underflowing elements of every quantized operand into the model's
   // quant-stats buffer (one extra pass over each operand; for the steps that log them).
   bool collect_quant_stats = false;

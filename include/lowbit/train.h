@@ -50,6 +50,8 @@ struct TrainOptions {
   // quantizing each where it is used (more memory; fewer conversions with several
   // micro-batches).
   bool keep_quantized_weights = false;
+  // See ForwardOptions::recompute_block_outputs (auto: on for NVFP4).
+  ForwardOptions::Recompute recompute_block_outputs = ForwardOptions::Recompute::kAuto;
   int loss_chunk_rows = 4096;
 
   // Run control.

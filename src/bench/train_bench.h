@@ -24,6 +24,7 @@ struct TrainBenchOptions {
   bool activation_checkpointing = false;
   bool keep_quantized_inputs = false;   // see TrainOptions::keep_quantized_inputs
   bool keep_quantized_weights = false;  // see TrainOptions::keep_quantized_weights
+  std::string recompute_block_outputs = "auto";  // see ForwardOptions::recompute_block_outputs
 };
 
 struct TrainBenchRow {

@@ -183,6 +183,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
     bool activation_checkpointing = false;
     bool keep_quantized_inputs = false;
     bool keep_quantized_weights = false;
+    std::string recompute_block_outputs = "auto";
     std::string json_out;
   };
   auto t = std::make_shared<TrainOpts>();
@@ -204,6 +205,12 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                       "Keep the quantized linears' wgrad inputs instead of recomputing them");
   train_cmd->add_flag("--keep_quantized_weights", t->keep_quantized_weights,
                       "Keep the quantized weights for the whole step instead of per layer");
+  train_cmd
+      ->add_option("--recompute_block_outputs", t->recompute_block_outputs,
+                   "auto|on|off: recompute the blocks' qkv and gate_up outputs in the backward "
+                   "(auto = on for nvfp4)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   train_cmd->add_option("--json-out", t->json_out, "Also write one JSON object per row");
   train_cmd->callback([t, &action] {
     action = [t] {
@@ -225,6 +232,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       opt.activation_checkpointing = t->activation_checkpointing;
       opt.keep_quantized_inputs = t->keep_quantized_inputs;
       opt.keep_quantized_weights = t->keep_quantized_weights;
+      opt.recompute_block_outputs = t->recompute_block_outputs;
       const std::vector<GpuInfo> gpus = list_gpus();
       std::printf("lowbit bench train on %s\n", gpus.empty() ? "the CPU" : gpus[0].name.c_str());
       std::printf("%-6s %-12s %9s %10s %12s %7s %11s %8s %8s\n", "preset", "recipe", "batch",

@@ -163,6 +163,15 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_flag("--keep_quantized_weights", o.keep_quantized_weights,
                 "Quantized linears keep their quantized weights for the whole step (default: "
                 "quantize each where it is used, layer by layer, bit-identical, less memory)");
+  cmd->add_option_function<std::string>(
+         "--recompute_block_outputs",
+         [&o](const std::string& v) {
+           o.recompute_block_outputs = ForwardOptions::recompute_from_name(v);
+         },
+         "auto|on|off: drop each block's qkv and gate_up outputs after the forward and "
+         "recompute them in the backward (bit-identical, less memory, two more GEMMs per "
+         "block); auto = on for nvfp4")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   // Run control.
   cmd->add_option("--seed", o.seed, "Seed of initialisation, data order and rounding")
       ->capture_default_str();

@@ -75,6 +75,7 @@ struct LlamaModel::Impl {
   std::vector<Tensor> dense;
   bool recompute_inputs = true;   // ForwardOptions::recompute_quantized_inputs of this pass
   bool recompute_weights = true;  // ForwardOptions::recompute_quantized_weights of this pass
+  bool recompute_outputs = false;  // ForwardOptions::recompute_block_outputs, resolved
   bool collect_stats = false;     // ForwardOptions::collect_quant_stats of this pass
   Tensor stats_counts;  // [L·4 + 1, 3, 2] i64: {saturated, underflow} per linear and operand
   std::vector<int64_t> stats_numel;  // [L·4 + 1, 3] elements counted (host)
@@ -305,6 +306,38 @@ struct LlamaModel::Impl {
     }
   }
 
+  // Block l's qkv (k = kQKV, RoPE applied) or gate_up (k = kGateUp) output, recomputed for the
+  // backward exactly as block_fwd made it: the norm of the saved block input / x_mid, quantized
+  // from the norm (or the bf16 norm output the linear kept for wgrad), and the same GEMM.
+  Tensor recompute_output(int l, LinearKind kind, const BlockSaved& s, int B, int T) {
+    const int k = static_cast<int>(kind);
+    const int lin = l * kLinearsPerBlock + k;
+    const NvtxRange range(linear_name(lin) + " output recompute");
+    const int64_t N = int64_t(B) * T;
+    const int H = cfg.n_heads, Hkv = cfg.n_kv_heads, Dh = cfg.head_dim();
+    const bool qkv = kind == LinearKind::kQKV;
+    const int64_t width = qkv ? int64_t(H + 2 * Hkv) * Dh : 2 * cfg.ffn_hidden;
+    Tensor y = act({N, width}, adt, dev);
+    const bool collecting = collect_stats;  // the forward already counted these operands
+    collect_stats = false;
+    if (precision(lin).recipe == Recipe::kBF16) {
+      linear_fwd(lin, s.lin[k].x, nullptr, y, nullptr);
+    } else {
+      const Tensor& src = qkv ? s.x_in : s.x_mid;
+      const Producer make = [&](const QuantConfig& qc, QuantizedTensor& xq) {
+        rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), src,
+                             param(p_layer(l, qkv ? 0 : 5)), cfg.norm_eps, qc, xq);
+      };
+      linear_fwd(lin, TensorView(), nullptr, y, nullptr, &make);
+    }
+    collect_stats = collecting;
+    if (qkv) {
+      const TensorView qk = heads_view(y, B, T, 0, H + Hkv, Dh);
+      rope_fwd(ctx, qk, qk, rope_rows(T));
+    }
+    return y;
+  }
+
   TensorView rope_rows(int T) const {
     return TensorView(rope.data(), DType::kF32, Shape{T, cfg.head_dim() / 2, 2}, dev);
   }
@@ -379,11 +412,12 @@ struct LlamaModel::Impl {
       s->x_in = x;
       s->rstd1 = std::move(rstd1);
       s->rstd2 = std::move(rstd2);
-      s->qkv = std::move(qkv);
+      // With recompute_outputs the backward remakes qkv and gu (recompute_output).
+      if (!recompute_outputs) s->qkv = std::move(qkv);
       s->att = std::move(att);
       s->lse = std::move(lse);
       s->x_mid = std::move(x_mid);
-      s->gu = std::move(gu);
+      if (!recompute_outputs) s->gu = std::move(gu);
       s->complete = true;
     }
     return out;
@@ -397,6 +431,7 @@ struct LlamaModel::Impl {
     const int64_t Wqkv = int64_t(H + 2 * Hkv) * Dh;
     const int lin0 = l * kLinearsPerBlock;
     // MLP.
+    if (!s.gu.defined()) s.gu = recompute_output(l, LinearKind::kGateUp, s, B, T);
     Tensor dh = act({N, F}, adt, dev);
     recompute_wgrad_input(l, 3, s);
     linear_bwd(lin0 + 3, dx, s.lin[3], &dh.view());
@@ -431,6 +466,7 @@ struct LlamaModel::Impl {
     recompute_wgrad_input(l, 1, s);
     linear_bwd(lin0 + 1, dx, s.lin[1], &datt.view());
     s.lin[1] = {};
+    if (!s.qkv.defined()) s.qkv = recompute_output(l, LinearKind::kQKV, s, B, T);
     Tensor dqkv = act({N, Wqkv}, adt, dev);
     const TensorView q = heads_view(s.qkv, B, T, 0, H, Dh);
     const TensorView k = heads_view(s.qkv, B, T, int64_t(H) * Dh, Hkv, Dh);
@@ -478,6 +514,9 @@ struct LlamaModel::Impl {
     const bool backward = grad_scale > 0;
     recompute_inputs = opt.recompute_quantized_inputs;
     recompute_weights = opt.recompute_quantized_weights;
+    using R = ForwardOptions::Recompute;
+    recompute_outputs = opt.recompute_block_outputs == R::kOn ||
+                        (opt.recompute_block_outputs == R::kAuto && plan.recipe == Recipe::kNVFP4);
     collect_stats = opt.collect_quant_stats;
     Tensor tokens = upload_i32(tokens_in, N);
     Tensor x = act({N, D}, adt, dev);
@@ -546,9 +585,12 @@ struct LlamaModel::Impl {
       if (!s.complete) {  // activation checkpointing: recompute the block's forward
         Tensor x_in = s.x_in;
         const bool collecting = collect_stats;  // the forward already counted this block
+        const bool dropping = recompute_outputs;  // keep what this recompute makes
         collect_stats = false;
+        recompute_outputs = false;
         block_fwd(l, x_in, B, T, &s);
         collect_stats = collecting;
+        recompute_outputs = dropping;
       }
       block_bwd(l, s, dx, B, T);
     }
@@ -735,6 +777,14 @@ std::vector<float> LlamaModel::last_logits(const TensorView& tokens, int batch, 
   gemm(ctx_, GemmOperand::of(last), GemmOperand::of(m.param(m.p_head)), logits, {});
   Tensor host = Tensor::copy_of(logits, Device::cpu());
   return std::vector<float>(host.ptr<float>(), host.ptr<float>() + batch * V);
+}
+
+ForwardOptions::Recompute ForwardOptions::recompute_from_name(const std::string& name) {
+  if (name == "auto") return Recompute::kAuto;
+  if (name == "on") return Recompute::kOn;
+  if (name == "off") return Recompute::kOff;
+  throw UserError(fmt::format(
+      "unknown recompute setting '{}': use auto (on for NVFP4), on or off", name));
 }
 
 }  // namespace lowbit

@@ -337,6 +337,7 @@ TrainResult train(const TrainOptions& options) {
     fo.activation_checkpointing = opt.activation_checkpointing;
     fo.recompute_quantized_inputs = !opt.keep_quantized_inputs;
     fo.recompute_quantized_weights = !opt.keep_quantized_weights;
+    fo.recompute_block_outputs = opt.recompute_block_outputs;
     const bool stats_step = opt.stats_every > 0 && (step + 1) % opt.stats_every == 0;
     fo.collect_quant_stats = stats_step && model.plan().any_quantized();
     fo.loss_chunk_rows = opt.loss_chunk_rows;

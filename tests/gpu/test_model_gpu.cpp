@@ -119,6 +119,34 @@ TEST_P(GpuModel, RecomputedQuantizedInputsGiveIdenticalGradients) {
   EXPECT_EQ(grads[0], grads[2]) << recipe_name(r);
 }
 
+// On the device too, recomputing the blocks' qkv and gate_up outputs in the backward gives the
+// gradients of keeping them, bit for bit, in every recipe.
+TEST_P(GpuModel, RecomputedBlockOutputsGiveIdenticalGradients) {
+  const Recipe r = GetParam();
+  const ModelConfig c = tiny();
+  const int B = 4, T = 128;
+  Tensor tokens = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+  std::mt19937 rng(9);
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 512);
+  }
+  std::vector<float> grads[2];
+  for (int variant = 0; variant < 2; ++variant) {
+    Context gpu(Device::cuda(0));
+    LlamaModel m(c, resolve_precision(r, c), gpu);
+    m.init_weights(7);
+    ForwardOptions o;
+    o.recompute_block_outputs =
+        variant == 0 ? ForwardOptions::Recompute::kOff : ForwardOptions::Recompute::kOn;
+    for (int mb = 0; mb < 2; ++mb) {
+      m.forward_backward(tokens, tokens, B, T, 1.0f / float(tokens.numel()), o);
+    }
+    const Tensor g = Tensor::copy_of(m.params().grad_all, Device::cpu());
+    grads[variant].assign(g.ptr<float>(), g.ptr<float>() + g.numel());
+  }
+  EXPECT_EQ(grads[0], grads[1]) << recipe_name(r);
+}
+
 // The model quantizes a weight's rowwise copy once per step and its columnwise copy in the
 // backward: on the device too each equals the copy quantize() makes of both at once.
 TEST_P(GpuModel, WeightCopiesQuantizedSeparatelyEqualBothAtOnce) {
