@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "gemm/gemm_cuda_kernels.h"
@@ -73,6 +74,64 @@ __global__ void dequant_kernel(const uint8_t* __restrict__ codes, DType t, int64
   }
 }
 
+// The same function over chunks of 16 elements of a row (cols % 16 == 0, fewer than 2^31
+// chunks): chunk i holds elements 16i .. 16i + 15 of the row-major array, so its codes, its
+// output and (rowwise layouts) its scale follow from i alone — no division except the row of the
+// column-wise MX layout. Codes 8 (E2M1) or 16 (FP8) bytes per chunk, output 32 bytes.
+template <DequantScales kLayout, bool kFp4>
+__global__ void __launch_bounds__(kThreads)
+    dequant16_kernel(const uint8_t* __restrict__ codes, DType t, uint32_t chunks,
+                     uint32_t chunks_per_row, uint32_t cols, const uint8_t* __restrict__ scales,
+                     uint16_t* __restrict__ out) {
+  __shared__ float lut[256];
+  for (int i = threadIdx.x; i < (kFp4 ? 16 : 256); i += blockDim.x) {
+    lut[i] = decode(t, static_cast<uint32_t>(i));
+  }
+  __syncthreads();
+  for (uint32_t ch = blockIdx.x * blockDim.x + threadIdx.x; ch < chunks;
+       ch += gridDim.x * blockDim.x) {
+    uint32_t code[16];
+    if constexpr (kFp4) {
+      const uint2 w = *reinterpret_cast<const uint2*>(codes + size_t(ch) * 8);  // even low
+#pragma unroll
+      for (int i = 0; i < 16; ++i) code[i] = ((i < 8 ? w.x : w.y) >> (4 * (i & 7))) & 0xFu;
+    } else {
+      const uint4 w = *reinterpret_cast<const uint4*>(codes + size_t(ch) * 16);
+      const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 16; ++i) code[i] = (ws[i >> 2] >> (8 * (i & 3))) & 0xFFu;
+    }
+    float f[16];
+    if constexpr (kLayout == DequantScales::kMxColumnwise) {
+      // [rows/32, cols]: the 16 columns' scales of this chunk's 32-row group, one 16-byte load.
+      const uint32_t r = ch / chunks_per_row, c0 = (ch - r * chunks_per_row) * 16;
+      const uint4 sv = *reinterpret_cast<const uint4*>(scales + size_t(r / 32) * cols + c0);
+      const uint32_t ss[4] = {sv.x, sv.y, sv.z, sv.w};
+#pragma unroll
+      for (int i = 0; i < 16; ++i) f[i] = decode_e8m0((ss[i >> 2] >> (8 * (i & 3))) & 0xFFu);
+    } else {
+      // kNvfp4 [rows, cols/16]: scale index = chunk; kMxRowwise [rows, cols/32]: chunk / 2.
+      const float fs = kLayout == DequantScales::kNvfp4 ? decode(DType::kUE4M3, scales[ch])
+                                                        : decode_e8m0(scales[ch >> 1]);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) f[i] = fs;
+    }
+    uint32_t packed[8];
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+      // Exact products (formats.md: a code times its block scale fits bf16), rounded as
+      // dequant_kernel rounds them.
+      const uint32_t b0 = __bfloat16_as_ushort(__float2bfloat16_rn(mul_rn(lut[code[i]], f[i])));
+      const uint32_t b1 =
+          __bfloat16_as_ushort(__float2bfloat16_rn(mul_rn(lut[code[i + 1]], f[i + 1])));
+      packed[i / 2] = b0 | (b1 << 16);
+    }
+    uint4* o = reinterpret_cast<uint4*>(out + size_t(ch) * 16);
+    o[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    o[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  }
+}
+
 __global__ void nvfp4_alpha_kernel(float alpha, float beta, const float* amax_a,
                                    const float* amax_b, float* out) {
   float a = alpha;
@@ -130,6 +189,50 @@ void dequant_to_bf16(const uint8_t* codes, DType t, int64_t rows, int64_t cols,
                      cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   LOWBIT_CHECK(cols % kVec == 0, "dequant_to_bf16: cols {} is not a multiple of 8", cols);
+  const int64_t chunks = rows * cols / 16;
+  const bool aligned = reinterpret_cast<uintptr_t>(codes) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                       (layout != DequantScales::kMxColumnwise ||
+                        reinterpret_cast<uintptr_t>(scales) % 16 == 0);
+  const bool fp4 = t == DType::kE2M1;
+  if (cols % 16 == 0 && chunks < (int64_t{1} << 31) && aligned &&
+      (layout != DequantScales::kMxRowwise || cols % 32 == 0)) {
+    // Enough blocks to fill the GPU several times over; each grid-strides over its chunks.
+    const int grid = static_cast<int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, 8192));
+    const auto n = static_cast<uint32_t>(chunks), cpr = static_cast<uint32_t>(cols / 16),
+               c = static_cast<uint32_t>(cols);
+    switch (layout) {
+      case DequantScales::kNvfp4:
+        if (fp4) {
+          dequant16_kernel<DequantScales::kNvfp4, true>
+              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
+        } else {
+          dequant16_kernel<DequantScales::kNvfp4, false>
+              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
+        }
+        break;
+      case DequantScales::kMxRowwise:
+        if (fp4) {
+          dequant16_kernel<DequantScales::kMxRowwise, true>
+              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
+        } else {
+          dequant16_kernel<DequantScales::kMxRowwise, false>
+              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
+        }
+        break;
+      case DequantScales::kMxColumnwise:
+        if (fp4) {
+          dequant16_kernel<DequantScales::kMxColumnwise, true>
+              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
+        } else {
+          dequant16_kernel<DequantScales::kMxColumnwise, false>
+              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
+        }
+        break;
+    }
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    return;
+  }
   dequant_kernel<<<grid_for(rows * cols / kVec), kThreads, 0, stream>>>(codes, t, rows, cols,
                                                                         scales, layout, out);
   LOWBIT_CUDA_CHECK_LAUNCH();

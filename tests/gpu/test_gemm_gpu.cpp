@@ -36,9 +36,11 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "gemm/gemm_cuda_kernels.h"
 #include "gemm/gemm_internal.h"
 #include "lowbit/core.h"
 #include "lowbit/formats.h"
@@ -594,6 +596,92 @@ TEST_F(GpuGemm, NanAndInfPropagate) {
         }
       }
     }
+  }
+}
+
+// The emulated path's dequantization, every layout and payload, against a host decode of each
+// element: both the 16-element-chunk kernel (aligned buffers) and the general one (the same
+// buffers one 16-byte step in, so misaligned for the former) give these bits.
+TEST_F(GpuGemm, DequantToBf16MatchesHostDecodeBitForBit) {
+  using gemm_kernels::DequantScales;
+  struct Case {
+    DType t;
+    DequantScales layout;
+    int64_t rows, cols;
+  };
+  const Case cases[] = {{DType::kE2M1, DequantScales::kNvfp4, 96, 4096},
+                        {DType::kE2M1, DequantScales::kNvfp4, 3, 48},
+                        {DType::kE4M3, DequantScales::kMxRowwise, 64, 1024},
+                        {DType::kE5M2, DequantScales::kMxRowwise, 5, 96},
+                        {DType::kE2M1, DequantScales::kMxRowwise, 33, 64},
+                        {DType::kE4M3, DequantScales::kMxColumnwise, 128, 272},
+                        {DType::kE5M2, DequantScales::kMxColumnwise, 64, 48}};
+  std::mt19937 rng(17);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{} layout {} {}x{}", dtype_name(c.t), int(c.layout), c.rows, c.cols));
+    const bool fp4 = c.t == DType::kE2M1;
+    const int64_t n = c.rows * c.cols, code_bytes = fp4 ? n / 2 : n;
+    const int64_t n_scales = c.layout == DequantScales::kNvfp4       ? c.rows * (c.cols / 16)
+                             : c.layout == DequantScales::kMxRowwise ? c.rows * (c.cols / 32)
+                                                                      : (c.rows / 32) * c.cols;
+    std::vector<uint8_t> codes(code_bytes), scales(n_scales);
+    for (auto& b : codes) b = static_cast<uint8_t>(rng());
+    for (auto& b : scales) {
+      // Finite scales in a range whose products stay normal in bf16; a few NaN scales.
+      b = c.layout == DequantScales::kNvfp4 ? static_cast<uint8_t>(rng() % 0x7F)
+                                            : static_cast<uint8_t>(100 + rng() % 50);
+      if (rng() % 97 == 0) b = c.layout == DequantScales::kNvfp4 ? 0x7F : 0xFF;
+    }
+    std::vector<uint16_t> want(n);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      for (int64_t k = 0; k < c.cols; ++k) {
+        const int64_t i = r * c.cols + k;
+        const uint32_t code = fp4 ? (codes[i / 2] >> (4 * (i % 2))) & 0xFu : codes[i];
+        float f;
+        if (c.layout == DequantScales::kNvfp4) {
+          f = decode(DType::kUE4M3, scales[r * (c.cols / 16) + k / 16]);
+        } else if (c.layout == DequantScales::kMxRowwise) {
+          f = decode_e8m0(scales[r * (c.cols / 32) + k / 32]);
+        } else {
+          f = decode_e8m0(scales[(r / 32) * c.cols + k]);
+        }
+        want[i] = f32_to_bf16_rn(decode(c.t, code) * f);
+      }
+    }
+    // Device buffers with room in front: codes and output at offset 0 (16-byte aligned: the
+    // chunk kernel), then codes 8 bytes and output 8 elements in (the general kernel).
+    uint8_t *dcodes = nullptr, *dscales = nullptr;
+    uint16_t* dout = nullptr;
+    ASSERT_EQ(cudaMalloc(&dcodes, code_bytes + 32), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dscales, n_scales + 32), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dout, (n + 16) * 2), cudaSuccess);
+    for (int shifted = 0; shifted < 2; ++shifted) {
+      SCOPED_TRACE(shifted ? "general kernel" : "chunk kernel");
+      const int64_t co = shifted ? 8 : 0, oo = shifted ? 8 : 0;  // bytes / bf16 elements
+      ASSERT_EQ(cudaMemcpy(dcodes + co, codes.data(), code_bytes, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dscales, scales.data(), n_scales, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemset(dout, 0, (n + 16) * 2), cudaSuccess);
+      gemm_kernels::dequant_to_bf16(dcodes + co, c.t, c.rows, c.cols, dscales, c.layout,
+                                    dout + oo, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<uint16_t> got(n);
+      ASSERT_EQ(cudaMemcpy(got.data(), dout + oo, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const bool both_nan = std::isnan(bf16_to_f32(got[i])) && std::isnan(bf16_to_f32(want[i]));
+        if (got[i] != want[i] && !both_nan) {
+          if (bad++ == 0) {
+            ADD_FAILURE() << "element " << i << " (row " << i / c.cols << ", col " << i % c.cols
+                          << "): got 0x" << std::hex << got[i] << ", want 0x" << want[i];
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0);
+    }
+    cudaFree(dcodes);
+    cudaFree(dscales);
+    cudaFree(dout);
   }
 }
 
