@@ -320,7 +320,9 @@ struct PerfShape {
 
 TEST(AttentionGpu, PerfSdpaShapes) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
-  const PerfShape shapes[] = {{16, 1024, 12, 12, 64, 0.46}, {8, 2048, 16, 16, 128, 1.38}};
+  // The two reference shapes, then the 1b preset's attention (no reference time).
+  const PerfShape shapes[] = {
+      {16, 1024, 12, 12, 64, 0.46}, {8, 2048, 16, 16, 128, 1.38}, {8, 2048, 32, 8, 64, 0.0}};
   Context ctx(Device::cuda(0));
   for (const PerfShape& s : shapes) {
     const Shape qs{s.B, s.T, s.H, s.Dh}, ks{s.B, s.T, s.Hkv, s.Dh}, ls{s.B, s.H, s.T};
@@ -354,7 +356,8 @@ TEST(AttentionGpu, PerfSdpaShapes) {
         "TFLOP/s), fwd+bwd %.3f ms (%.1f TFLOP/s); SDPA reference %.2f ms, ratio %.2f\n",
         static_cast<long long>(s.B), static_cast<long long>(s.T), static_cast<long long>(s.H),
         static_cast<long long>(s.Dh), pf.ms, pf.tflop_per_s, pb.ms, pb.tflop_per_s, total,
-        (fwd_flops + bwd_flops) / (total * 1e9), s.sdpa_ms, total / s.sdpa_ms);
+        (fwd_flops + bwd_flops) / (total * 1e9), s.sdpa_ms,
+        s.sdpa_ms > 0 ? total / s.sdpa_ms : 0.0);
     // Every compiled tile variant, for choosing default_tiles().
     for (const attn::CudaTiles& t : attn::candidate_fwd_tiles(static_cast<int>(s.Dh))) {
       const test::Perf p = test::time_gpu(
