@@ -200,6 +200,11 @@ struct ForwardOptions {
   Recompute recompute_block_outputs = Recompute::kAuto;
   // "auto", "on" or "off" (the --recompute_block_outputs flag); anything else is a UserError.
   static Recompute recompute_from_name(const std::string& name);
+  // Whether a model whose plan has recipe `plan_recipe` recomputes its block outputs.
+  bool recomputes_block_outputs(Recipe plan_recipe) const {
+    return recompute_block_outputs == Recompute::kOn ||
+           (recompute_block_outputs == Recompute::kAuto && plan_recipe == Recipe::kNVFP4);
+  }
   // Count saturated and underflowing elements of every quantized operand into the model's
   // quant-stats buffer (one extra pass over each operand; for the steps that log them).
   bool collect_quant_stats = false;

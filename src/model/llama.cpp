@@ -514,9 +514,7 @@ struct LlamaModel::Impl {
     const bool backward = grad_scale > 0;
     recompute_inputs = opt.recompute_quantized_inputs;
     recompute_weights = opt.recompute_quantized_weights;
-    using R = ForwardOptions::Recompute;
-    recompute_outputs = opt.recompute_block_outputs == R::kOn ||
-                        (opt.recompute_block_outputs == R::kAuto && plan.recipe == Recipe::kNVFP4);
+    recompute_outputs = opt.recomputes_block_outputs(plan.recipe);
     collect_stats = opt.collect_quant_stats;
     Tensor tokens = upload_i32(tokens_in, N);
     Tensor x = act({N, D}, adt, dev);

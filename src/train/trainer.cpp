@@ -221,6 +221,14 @@ TrainResult train(const TrainOptions& options) {
               mcfg.num_params() / 1e6, recipe_name(recipe), gpu ? gpu->name.c_str() : "the CPU");
   std::printf("%s\n", data.describe().c_str());
   std::printf("%s\n", plan.describe().c_str());
+  {
+    ForwardOptions fo;
+    fo.recompute_block_outputs = opt.recompute_block_outputs;
+    if (fo.recomputes_block_outputs(plan.recipe)) {
+      std::printf("memory: each block's qkv and gate_up outputs are recomputed in the backward "
+                  "(--recompute_block_outputs off keeps them)\n");
+    }
+  }
 
   LlamaModel model(mcfg, plan, ctx);
   TrainResult result;
