@@ -218,6 +218,13 @@ run 2 train --cpu --batch_size 0
 grep -q -- "--batch_size" "$tmp/err" || fail "batch_size 0: the message does not name the flag"
 run 2 train --cpu --fp8_format e5m2
 grep -q "hybrid or e4m3" "$tmp/err" || fail "fp8_format e5m2: no list of the valid formats"
+run 2 train --cpu --recompute_block_outputs sometimes
+grep -q -- "--recompute_block_outputs" "$tmp/err" ||
+  fail "recompute_block_outputs sometimes: the message does not name the flag"
+grep -q "auto" "$tmp/err" || fail "recompute_block_outputs sometimes: the valid values are not listed"
+run 2 bench train --recompute_block_outputs sometimes
+grep -q -- "--recompute_block_outputs" "$tmp/err" ||
+  fail "bench train, bad --recompute_block_outputs: the message does not name the flag"
 run 2 eval "$tmp/no-checkpoint"
 grep -q "not a lowbit checkpoint" "$tmp/err" || fail "eval of a missing checkpoint: unclear error"
 printf 'In the beginning was the word, and the word was with the text.\n%.0s' $(seq 1 400) \
@@ -226,6 +233,8 @@ run 0 train --cpu --use_fp8 --data "$tmp/corpus.txt" --vocab_size 300 --n_layers
   --batch_size 2 --seq_len 32 --total_steps 3 --eval_every 3 --sample_tokens 5 \
   --sample_prompt "In the" --out "$tmp/run"
 grep -q "recipe fp8" "$tmp/out" || fail "train: the precision plan was not printed"
+! grep -q "recomputed in the backward" "$tmp/out" ||
+  fail "train fp8: block outputs reported as recomputed (auto is on for nvfp4 only)"
 grep -q "sample:" "$tmp/out" || fail "train: no sample printed"
 [[ -s $tmp/run/metrics.jsonl && -s $tmp/run/checkpoint/model.safetensors ]] ||
   fail "train: no metrics.jsonl or checkpoint"
@@ -244,5 +253,10 @@ grep -q -- "--max_tokens" "$tmp/err" || fail "generate --max_tokens -1: the flag
 run 0 train --cpu --data "$tmp/corpus.txt" --n_layers 1 --batch_size 2 --seq_len 32 \
   --total_steps 5 --out "$tmp/run" --resume "$tmp/run/checkpoint" --sample_tokens 0
 grep -q "resumed from" "$tmp/out" || fail "train --resume: no resume line"
+
+run 0 train --cpu --precision nvfp4 --data "$tmp/corpus.txt" --vocab_size 300 --n_layers 1 \
+  --batch_size 2 --seq_len 32 --total_steps 2 --eval_every 0 --sample_tokens 0 --out "$tmp/run4"
+grep -q "outputs are recomputed in the backward" "$tmp/out" ||
+  fail "train nvfp4: the block-output recompute (auto) was not reported"
 
 echo "cli_smoke: ok ($json_path path)"
