@@ -22,8 +22,8 @@ struct TrainBenchOptions {
   int warmup_steps = 3;
   int steps = 10;
   bool activation_checkpointing = false;
-  bool keep_quantized_inputs = false;   // see TrainOptions::keep_quantized_inputs
-  bool keep_quantized_weights = false;  // see TrainOptions::keep_quantized_weights
+  bool keep_quantized_inputs = false;            // see TrainOptions::keep_quantized_inputs
+  bool keep_quantized_weights = false;           // see TrainOptions::keep_quantized_weights
   std::string recompute_block_outputs = "auto";  // see ForwardOptions::recompute_block_outputs
 };
 

@@ -190,10 +190,9 @@ void dequant_to_bf16(const uint8_t* codes, DType t, int64_t rows, int64_t cols,
   if (rows == 0 || cols == 0) return;
   LOWBIT_CHECK(cols % kVec == 0, "dequant_to_bf16: cols {} is not a multiple of 8", cols);
   const int64_t chunks = rows * cols / 16;
-  const bool aligned = reinterpret_cast<uintptr_t>(codes) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
-                       (layout != DequantScales::kMxColumnwise ||
-                        reinterpret_cast<uintptr_t>(scales) % 16 == 0);
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(codes) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+      (layout != DequantScales::kMxColumnwise || reinterpret_cast<uintptr_t>(scales) % 16 == 0);
   const bool fp4 = t == DType::kE2M1;
   if (cols % 16 == 0 && chunks < (int64_t{1} << 31) && aligned &&
       (layout != DequantScales::kMxRowwise || cols % 32 == 0)) {

@@ -73,10 +73,10 @@ struct LlamaModel::Impl {
   // [L·4 + 1] bf16 weights converted from the master for the decoder (linears that keep no
   // compute copy), until the weights change.
   std::vector<Tensor> dense;
-  bool recompute_inputs = true;   // ForwardOptions::recompute_quantized_inputs of this pass
-  bool recompute_weights = true;  // ForwardOptions::recompute_quantized_weights of this pass
+  bool recompute_inputs = true;    // ForwardOptions::recompute_quantized_inputs of this pass
+  bool recompute_weights = true;   // ForwardOptions::recompute_quantized_weights of this pass
   bool recompute_outputs = false;  // ForwardOptions::recompute_block_outputs, resolved
-  bool collect_stats = false;     // ForwardOptions::collect_quant_stats of this pass
+  bool collect_stats = false;      // ForwardOptions::collect_quant_stats of this pass
   Tensor stats_counts;  // [L·4 + 1, 3, 2] i64: {saturated, underflow} per linear and operand
   std::vector<int64_t> stats_numel;  // [L·4 + 1, 3] elements counted (host)
   bool w_stats_done = false;         // weights are counted once per reset
@@ -325,8 +325,8 @@ struct LlamaModel::Impl {
     } else {
       const Tensor& src = qkv ? s.x_in : s.x_mid;
       const Producer make = [&](const QuantConfig& qc, QuantizedTensor& xq) {
-        rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), src,
-                             param(p_layer(l, qkv ? 0 : 5)), cfg.norm_eps, qc, xq);
+        rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), src, param(p_layer(l, qkv ? 0 : 5)),
+                             cfg.norm_eps, qc, xq);
       };
       linear_fwd(lin, TensorView(), nullptr, y, nullptr, &make);
     }
@@ -582,7 +582,7 @@ struct LlamaModel::Impl {
       BlockSaved& s = saved[l];
       if (!s.complete) {  // activation checkpointing: recompute the block's forward
         Tensor x_in = s.x_in;
-        const bool collecting = collect_stats;  // the forward already counted this block
+        const bool collecting = collect_stats;    // the forward already counted this block
         const bool dropping = recompute_outputs;  // keep what this recompute makes
         collect_stats = false;
         recompute_outputs = false;
@@ -781,8 +781,8 @@ ForwardOptions::Recompute ForwardOptions::recompute_from_name(const std::string&
   if (name == "auto") return Recompute::kAuto;
   if (name == "on") return Recompute::kOn;
   if (name == "off") return Recompute::kOff;
-  throw UserError(fmt::format(
-      "unknown recompute setting '{}': use auto (on for NVFP4), on or off", name));
+  throw UserError(
+      fmt::format("unknown recompute setting '{}': use auto (on for NVFP4), on or off", name));
 }
 
 }  // namespace lowbit

@@ -225,8 +225,9 @@ TrainResult train(const TrainOptions& options) {
     ForwardOptions fo;
     fo.recompute_block_outputs = opt.recompute_block_outputs;
     if (fo.recomputes_block_outputs(plan.recipe)) {
-      std::printf("memory: each block's qkv and gate_up outputs are recomputed in the backward "
-                  "(--recompute_block_outputs off keeps them)\n");
+      std::printf(
+          "memory: each block's qkv and gate_up outputs are recomputed in the backward "
+          "(--recompute_block_outputs off keeps them)\n");
     }
   }
 

@@ -623,7 +623,7 @@ TEST_F(GpuGemm, DequantToBf16MatchesHostDecodeBitForBit) {
     const int64_t n = c.rows * c.cols, code_bytes = fp4 ? n / 2 : n;
     const int64_t n_scales = c.layout == DequantScales::kNvfp4       ? c.rows * (c.cols / 16)
                              : c.layout == DequantScales::kMxRowwise ? c.rows * (c.cols / 32)
-                                                                      : (c.rows / 32) * c.cols;
+                                                                     : (c.rows / 32) * c.cols;
     std::vector<uint8_t> codes(code_bytes), scales(n_scales);
     for (auto& b : codes) b = static_cast<uint8_t>(rng());
     for (auto& b : scales) {
@@ -662,8 +662,8 @@ TEST_F(GpuGemm, DequantToBf16MatchesHostDecodeBitForBit) {
                 cudaSuccess);
       ASSERT_EQ(cudaMemcpy(dscales, scales.data(), n_scales, cudaMemcpyHostToDevice), cudaSuccess);
       ASSERT_EQ(cudaMemset(dout, 0, (n + 16) * 2), cudaSuccess);
-      gemm_kernels::dequant_to_bf16(dcodes + co, c.t, c.rows, c.cols, dscales, c.layout,
-                                    dout + oo, nullptr);
+      gemm_kernels::dequant_to_bf16(dcodes + co, c.t, c.rows, c.cols, dscales, c.layout, dout + oo,
+                                    nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       std::vector<uint16_t> got(n);
       ASSERT_EQ(cudaMemcpy(got.data(), dout + oo, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
