@@ -12,6 +12,10 @@
 //  * attn_bwd_dq_kernel    a tile of 16·W queries; streams key/value tiles up to the diagonal:
 //                          S, dP = dO·Vᵀ, P, dS, dQ += dS·K in registers. A separate pass
 //                          instead of fp32 atomics keeps dQ deterministic.
+//  * for Dh 128 the default backward instead lets the dK/dV pass (64×64 tiles) write its bf16
+//    dSᵀ tiles to the workspace and attn_bwd_dq_from_ds_kernel computes dQ = dS·K from them:
+//    5 products in all instead of 7, still deterministic; the batch runs in chunks whose tiles
+//    fit 512 MiB (see default_tiles for when it pays).
 //
 // Matrix products are mma.sync.m16n8k16 (bf16 × bf16 → f32). Fragment layouts (PTX ISA,
 // "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and c = lane % 4:
@@ -29,6 +33,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -447,6 +452,9 @@ struct BwdParams {
   uint16_t* dq;          // [B, T, H, Dh] bf16 (strided)
   uint16_t* dk;          // [B, T, Hkv, Dh] bf16 (strided)
   uint16_t* dv;          // [B, T, Hkv, Dh] bf16 (strided)
+  // kStoreDs: dSᵀ tiles [B·H][tiles][64 keys][64 queries] bf16 of the lower triangle, tile
+  // (key tile kt, query tile qt ≥ kt) at index qt·(qt + 1)/2 + kt (see ds_tile).
+  uint16_t* ds;
   const float* lse2;     // [B, H, T] f32: lse · log2(e)
   const float* delta;    // [B, H, T] f32: rowsum(dout ∘ out)
   int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh;
@@ -455,17 +463,27 @@ struct BwdParams {
   float scale, scale_log2;
 };
 
+// The stored dSᵀ tile of (b·H + h, key tile kt, query tile qt), qt ≥ kt, 64×64 bf16.
+__device__ __forceinline__ uint16_t* ds_tile(uint16_t* ds, int64_t bh, int n_tiles, int kt,
+                                             int qt) {
+  const int64_t tiles_per_bh = int64_t(n_tiles) * (n_tiles + 1) / 2;
+  return ds + (bh * tiles_per_bh + int64_t(qt) * (qt + 1) / 2 + kt) * (64 * 64);
+}
+
 // Grid: (key tiles, B·Hkv), key tile 0 (the most queries) first. Every query head of the kv
 // head's group is processed by this block in turn, so dK and dV sum the group in a fixed order.
 // Each warp owns kMt consecutive 16-key m-tiles.
 // Shared: K [Bc, Dh] | V [Bc, Dh] | Q [2][Br, Dh] | dO [2][Br, Dh] bf16, swizzled |
 //         lse2 [2][Br] | delta [2][Br] f32.
-template <int kDh, int kWarps, int kBr, int kMt>
+// kStoreDs (Bc = Br = 64): the bf16 dSᵀ of every tile is also written to p.ds for the dQ pass
+// attn_bwd_dq_from_ds_kernel (rows of keys past T are written as zeros).
+template <int kDh, int kWarps, int kBr, int kMt, bool kStoreDs = false>
 __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dkv_kernel(const BwdParams p) {
   constexpr int kThreads = kWarps * 32;
   constexpr int kKeysW = 16 * kMt;  // keys per warp
   constexpr int kBc = kKeysW * kWarps;
   constexpr int kTileQ = kBr * kDh * 2;
+  static_assert(!kStoreDs || (kBc == 64 && kBr == 64), "stored dS tiles are 64×64");
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sK = smem_addr(smem);
   const uint32_t sV = sK + kBc * kDh * 2;
@@ -525,6 +543,12 @@ __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dkv_kernel(const BwdPara
     cp_async_wait<1>();
     __syncthreads();
     const int q0 = (qi0 + it % nq) * kBr;
+    // kStoreDs: this (head, key tile, query tile)'s dSᵀ tile [64 keys, 64 queries].
+    uint16_t* ds_t = nullptr;
+    if constexpr (kStoreDs) {
+      ds_t = ds_tile(p.ds, int64_t(b) * p.H + hkv * p.group + it / nq, (T + 63) / 64,
+                     blockIdx.x, q0 / 64);
+    }
     // Skip when every query of the tile precedes every key of the warp, or the warp's keys are
     // all past T.
     if (q0 + kBr - 1 >= wk0 && wk0 < T) {
@@ -600,6 +624,14 @@ __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dkv_kernel(const BwdPara
           da[mt][1] = pack_bf16(dpt[mt][2 * kp][2], dpt[mt][2 * kp][3]);
           da[mt][2] = pack_bf16(dpt[mt][2 * kp + 1][0], dpt[mt][2 * kp + 1][1]);
           da[mt][3] = pack_bf16(dpt[mt][2 * kp + 1][2], dpt[mt][2 * kp + 1][3]);
+          if constexpr (kStoreDs) {
+            // Rows key_lo (+8) of the tile, query columns 16·kp + c2 (+8): the same bf16 dSᵀ.
+            uint16_t* row0 = ds_t + (key_lo - k0 + 16 * mt) * 64 + 16 * kp + c2;
+            *reinterpret_cast<uint32_t*>(row0) = da[mt][0];
+            *reinterpret_cast<uint32_t*>(row0 + 8 * 64) = da[mt][1];
+            *reinterpret_cast<uint32_t*>(row0 + 8) = da[mt][2];
+            *reinterpret_cast<uint32_t*>(row0 + 8 * 64 + 8) = da[mt][3];
+          }
         }
 #pragma unroll
         for (int dp = 0; dp < kDh / 16; ++dp) {
@@ -617,6 +649,12 @@ __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dkv_kernel(const BwdPara
             mma_bf16(dk[mt][2 * dp + 1], da[mt], qb[2], qb[3]);
           }
         }
+      }
+    } else if constexpr (kStoreDs) {
+      // Keys past T (the only skipped warps of a 64×64 tiling): their dSᵀ rows are 0.
+      for (int i = lane; i < kKeysW * 8; i += 32) {
+        *reinterpret_cast<uint4*>(ds_t + (warp * kKeysW + i / 8) * 64 + (i % 8) * 8) =
+            make_uint4(0, 0, 0, 0);
       }
     }
     __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration it + 1
@@ -805,6 +843,76 @@ __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dq_kernel(const BwdParam
   }
 }
 
+// dQ from the stored dSᵀ tiles (kStoreDs pass): one product, dQ = dS·K. Grid: (query tiles of
+// 64, B·H), reversed like the forward; warp w owns queries 16w .. 16w + 15 of the tile and
+// streams key tiles 0 .. qt: dSᵀ [64 keys, 64 queries] and K [64, Dh], two stages of cp.async.
+// A (dS, 16 queries × 16 keys) comes from the dSᵀ tile by transposing loads: bn_frag_addr's
+// matrices (rows +0/+8 × columns +0/+8 in the order 0, 1 = column +8, 2 = row +8, 3) are a0..a3
+// of the transpose. Same arithmetic as attn_bwd_dq_kernel from there on (fp32 sum, one scale).
+// Shared: dSᵀ [2][64, 64] | K [2][64, Dh] bf16, swizzled.
+template <int kDh>
+__global__ void __launch_bounds__(128) attn_bwd_dq_from_ds_kernel(const BwdParams p) {
+  constexpr int kThreads = 128;
+  constexpr int kTileS = 64 * 64 * 2, kTileK = 64 * kDh * 2;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sS = smem_addr(smem);
+  const uint32_t sK = sS + 2 * kTileS;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int qt = gridDim.x - 1 - blockIdx.x;
+  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hkv = h / p.group;
+  const int T = p.T, n_tiles = (T + 63) / 64;
+  const int q0 = qt * 64;
+  const uint16_t* kg = p.k + b * p.k_sb + hkv * p.k_sh;
+  auto issue = [&](int kt, int stage) {
+    load_tile<64, 64, kThreads>(sS + stage * kTileS, ds_tile(p.ds, bh, n_tiles, kt, qt), 64, 64,
+                                tid);
+    load_tile<64, kDh, kThreads>(sK + stage * kTileK, kg + int64_t(kt) * 64 * p.k_st, p.k_st,
+                                 T - kt * 64, tid);
+  };
+  issue(0, 0);
+  cp_async_commit();
+
+  const int mq = warp * 16;  // the warp's first query row in the tile
+  const int c2 = 2 * (lane & 3);
+  float acc[kDh / 8][4];
+#pragma unroll
+  for (int i = 0; i < kDh / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int stage = kt & 1;
+    if (kt < qt) issue(kt + 1, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const uint32_t sSs = sS + stage * kTileS, sKs = sK + stage * kTileK;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {  // 16 keys at a time
+      uint32_t a[4];
+      ldsm_x4_t(bn_frag_addr<64>(sSs, ks * 16, mq, lane), a);
+#pragma unroll
+      for (int dp = 0; dp < kDh / 16; ++dp) {
+        uint32_t kb[4];
+        ldsm_x4_t(bk_frag_addr<kDh>(sKs, ks * 16, dp * 16, lane), kb);
+        mma_bf16(acc[2 * dp], a, kb[0], kb[1]);
+        mma_bf16(acc[2 * dp + 1], a, kb[2], kb[3]);
+      }
+    }
+    __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration kt + 1
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = q0 + mq + (lane >> 2) + 8 * r;
+    if (row >= T) continue;
+    uint16_t* dqrow = p.dq + b * p.dq_sb + row * p.dq_st + h * p.dq_sh + c2;
+#pragma unroll
+    for (int i = 0; i < kDh / 8; ++i) {
+      *reinterpret_cast<uint32_t*>(dqrow + i * 8) =
+          pack_bf16(acc[i][2 * r] * p.scale, acc[i][2 * r + 1] * p.scale);
+    }
+  }
+}
+
 // ---- launchers
 // -----------------------------------------------------------------------------------
 
@@ -827,11 +935,11 @@ void launch_fwd(const FwdParams& p, int B, cudaStream_t stream) {
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
-template <int kDh, int kWarps, int kBr, int kMt>
+template <int kDh, int kWarps, int kBr, int kMt, bool kStoreDs = false>
 void launch_dkv(const BwdParams& p, int B, cudaStream_t stream) {
   constexpr int kBc = 16 * kMt * kWarps;
   const size_t smem = static_cast<size_t>(2 * kBc + 4 * kBr) * kDh * 2 + 4 * kBr * 4;
-  auto kernel = attn_bwd_dkv_kernel<kDh, kWarps, kBr, kMt>;
+  auto kernel = attn_bwd_dkv_kernel<kDh, kWarps, kBr, kMt, kStoreDs>;
   set_smem(kernel, smem);
   const dim3 grid(tiles_of(p.T, kBc), B * p.Hkv);
   kernel<<<grid, kWarps * 32, smem, stream>>>(p);
@@ -846,6 +954,16 @@ void launch_dq(const BwdParams& p, int B, cudaStream_t stream) {
   set_smem(kernel, smem);
   const dim3 grid(tiles_of(p.T, kBr), B * p.H);
   kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+template <int kDh>
+void launch_dq_from_ds(const BwdParams& p, int B, cudaStream_t stream) {
+  const size_t smem = 2 * (64 * 64 * 2) + 2 * (64 * kDh * 2);
+  auto kernel = attn_bwd_dq_from_ds_kernel<kDh>;
+  set_smem(kernel, smem);
+  const dim3 grid(tiles_of(p.T, 64), B * p.H);
+  kernel<<<grid, 128, smem, stream>>>(p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -908,6 +1026,16 @@ void run_dkv(int dh, Variant t, const BwdParams& p, int B, cudaStream_t s) {
                dh, t.warps, t.tile, t.mt);
 }
 
+// The dK/dV pass that stores dSᵀ, then the dQ pass from it (64×64 tiles: Variant {4, 64, 1}).
+void run_dkv_ds_dq(int dh, const BwdParams& p, int B, cudaStream_t s) {
+  if (dh == 64) {
+    launch_dkv<64, 4, 64, 1, true>(p, B, s);
+    return launch_dq_from_ds<64>(p, B, s);
+  }
+  launch_dkv<128, 4, 64, 1, true>(p, B, s);
+  launch_dq_from_ds<128>(p, B, s);
+}
+
 void run_dq(int dh, Variant t, const BwdParams& p, int B, cudaStream_t s) {
   if (dh == 64) {
     if (t.warps == 4 && t.tile == 64 && t.mt == 1) return launch_dq<64, 4, 64, 1>(p, B, s);
@@ -940,8 +1068,12 @@ void check_grid(const char* op, int64_t B, int64_t heads, int64_t T) {
 }  // namespace
 
 CudaTiles default_tiles(int dh) {
-  // The fastest variants of the benchmark sweep (AttentionGpu.PerfSdpaShapes) on an H100.
+  // The fastest variants of the benchmark sweep (AttentionGpu.PerfSdpaShapes) on an H100; the dQ
+  // pass from stored dS where it measured faster on an H200 (Dh 128: 1.71 against 1.85 ms at
+  // B8 T2048 H16; at Dh 64 the dS traffic per FLOP is twice as high and it was slower, 2.24
+  // against 1.83 ms at the 1b shape B8 T2048 H32/Hkv8).
   CudaTiles t;
+  t.dq_from_ds = dh == 128;
   if (dh == 64) {
     t.fwd_warps = 4, t.fwd_bc = 64, t.fwd_mt = 2;
     t.dkv_warps = 4, t.dkv_br = 64, t.dkv_mt = 1;
@@ -966,9 +1098,16 @@ std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
 
 std::vector<CudaTiles> candidate_bwd_tiles(int dh) {
   std::vector<CudaTiles> out;
+  {
+    CudaTiles t = default_tiles(dh);
+    t.dq_from_ds = true;
+    t.dkv_warps = 4, t.dkv_br = 64, t.dkv_mt = 1;
+    out.push_back(t);
+  }
   for (const Variant& a : dkv_variants(dh)) {
     for (const Variant& q : dq_variants(dh)) {
       CudaTiles t = default_tiles(dh);
+      t.dq_from_ds = false;
       t.dkv_warps = a.warps, t.dkv_br = a.tile, t.dkv_mt = a.mt;
       t.dq_warps = q.warps, t.dq_bc = q.tile, t.dq_mt = q.mt;
       out.push_back(t);
@@ -1007,9 +1146,28 @@ void attention_bwd_cuda(Context& ctx, const TensorView& dq, const TensorView& dk
   const CudaTiles t = tiles != nullptr ? *tiles : default_tiles(dh);
   cudaStream_t stream = ctx.stream();
 
-  // Workspace: delta [B, H, T] f32 | lse2 [B, H, T] f32.
+  // dq_from_ds: the batch runs in chunks whose dSᵀ tiles fit the budget (a chunk that would not
+  // fit even one sequence uses the separate dQ pass instead).
+  const int64_t kDsBudget = t.ds_budget_bytes > 0 ? t.ds_budget_bytes : int64_t{512} << 20;
+  const int64_t n_tiles = (T + 63) / 64;
+  const int64_t ds_per_b = H * (n_tiles * (n_tiles + 1) / 2) * 64 * 64 * 2;
+  LOWBIT_CHECK(!t.dq_from_ds || (t.dkv_warps == 4 && t.dkv_br == 64 && t.dkv_mt == 1),
+               "attention_bwd: the dQ pass from stored dS needs the 4-warp 64×64 dK/dV kernel");
+  const int64_t fit = std::min<int64_t>(B, kDsBudget / ds_per_b);  // sequences per chunk
+  // A chunk also needs enough dK/dV blocks to balance the causal triangle over the GPU (one
+  // wave of key tiles leaves the SMs waiting on key tile 0): at 256 blocks it measured 23 %
+  // slower than the separate dQ pass, at 900+ faster (H200, Dh 128).
+  constexpr int64_t kMinChunkBlocks = 512;
+  const bool from_ds = t.dq_from_ds && fit >= 1 &&
+                       (t.ds_budget_bytes > 0 || fit * Hkv * n_tiles >= kMinChunkBlocks);
+  const int64_t b_chunk = from_ds ? fit : B;
+
+  // Workspace: delta [B, H, T] f32 | lse2 [B, H, T] f32 | (from_ds) dSᵀ tiles of b_chunk
+  // sequences.
   const int64_t rows = B * H * T;
-  float* ws = static_cast<float*>(ctx.workspace(static_cast<size_t>(2 * rows) * sizeof(float)));
+  const size_t ws_bytes =
+      static_cast<size_t>(2 * rows) * sizeof(float) + (from_ds ? size_t(b_chunk * ds_per_b) : 0);
+  float* ws = static_cast<float*>(ctx.workspace(ws_bytes));
   float* delta = ws;
   float* lse2 = ws + rows;
 
@@ -1043,8 +1201,20 @@ void attention_bwd_cuda(Context& ctx, const TensorView& dq, const TensorView& dk
   p.group = static_cast<int>(H / Hkv);
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;
-  run_dkv(dh, Variant{t.dkv_warps, t.dkv_br, t.dkv_mt}, p, static_cast<int>(B), stream);
-  run_dq(dh, Variant{t.dq_warps, t.dq_bc, t.dq_mt}, p, static_cast<int>(B), stream);
+  if (!from_ds) {
+    run_dkv(dh, Variant{t.dkv_warps, t.dkv_br, t.dkv_mt}, p, static_cast<int>(B), stream);
+    run_dq(dh, Variant{t.dq_warps, t.dq_bc, t.dq_mt}, p, static_cast<int>(B), stream);
+    return;
+  }
+  for (int64_t b0 = 0; b0 < B; b0 += b_chunk) {
+    const int64_t bc = std::min(b_chunk, B - b0);
+    BwdParams c = p;
+    c.q += b0 * p.q_sb, c.k += b0 * p.k_sb, c.v += b0 * p.v_sb, c.dout += b0 * p.do_sb;
+    c.dq += b0 * p.dq_sb, c.dk += b0 * p.dk_sb, c.dv += b0 * p.dv_sb;
+    c.lse2 += b0 * H * T, c.delta += b0 * H * T;
+    c.ds = reinterpret_cast<uint16_t*>(ws + 2 * rows);
+    run_dkv_ds_dq(dh, c, static_cast<int>(bc), stream);
+  }
 }
 
 }  // namespace lowbit::attn

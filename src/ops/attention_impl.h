@@ -29,6 +29,11 @@ struct CudaTiles {
   int fwd_warps = 4, fwd_bc = 64, fwd_mt = 1;  // fwd_bc: keys per streamed tile
   int dkv_warps = 4, dkv_br = 64, dkv_mt = 1;  // dkv_br: queries per streamed tile
   int dq_warps = 4, dq_bc = 64, dq_mt = 1;     // dq_bc: keys per streamed tile
+  // The dK/dV pass (4 warps, 64×64 tiles) also writes the bf16 dSᵀ tiles, and dQ = dS·K is one
+  // product over them (the dq_* fields are unused); else the dQ pass recomputes S and dP.
+  bool dq_from_ds = false;
+  // Bytes of dSᵀ tiles held at once (the batch runs in chunks that fit); 0: 512 MiB.
+  int64_t ds_budget_bytes = 0;
 };
 
 // The tiles attention_fwd / attention_bwd use for head dim `dh` (64 or 128).

@@ -262,10 +262,11 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
       EXPECT_TRUE(within_bounds("lse", ls, down(lse), cpu.lse, ref.lse_bound));
     }
     for (const attn::CudaTiles& t : attn::candidate_bwd_tiles(static_cast<int>(Dh))) {
-      SCOPED_TRACE(
-          fmt::format("bwd dkv {} warps x {} m-tiles, {}-query tiles; dq {} warps x {} "
-                      "m-tiles, {}-key tiles",
-                      t.dkv_warps, t.dkv_mt, t.dkv_br, t.dq_warps, t.dq_mt, t.dq_bc));
+      SCOPED_TRACE(t.dq_from_ds ? std::string("bwd dkv storing dS, dq from dS")
+                                : fmt::format("bwd dkv {} warps x {} m-tiles, {}-query tiles; dq "
+                                              "{} warps x {} m-tiles, {}-key tiles",
+                                              t.dkv_warps, t.dkv_mt, t.dkv_br, t.dq_warps,
+                                              t.dq_mt, t.dq_bc));
       Tensor dq = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
       Tensor dk = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
       Tensor dv = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
@@ -275,6 +276,59 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
       EXPECT_TRUE(within_bounds("dk", ks, down(dk), bcpu.dk, bref.dk_bound));
       EXPECT_TRUE(within_bounds("dv", ks, down(dv), bcpu.dv, bref.dv_bound));
     }
+  }
+}
+
+// The backward whose dQ pass reads the dSᵀ tiles of the dK/dV pass runs the batch in chunks
+// that fit its dS budget: one sequence per chunk gives the bits of the whole batch at once, and
+// dK, dV equal those of the separate-dQ backward bit for bit (same dK/dV arithmetic).
+TEST(AttentionGpu, StoredDsChunksGiveTheWholeBatchBits) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  for (int64_t Dh : {64, 128}) {
+    const GpuCase c{3, 300, 4, 2, Dh, false, 1.0};
+    SCOPED_TRACE(c.str());
+    const CaseData d = make_data(c, 21);
+    FwdResult cpu = run_fwd(c, d, Device::cpu());
+    const Shape qs{c.B, c.T, c.H, c.Dh}, ks{c.B, c.T, c.Hkv, c.Dh}, ls{c.B, c.H, c.T};
+    auto up = [](const std::vector<double>& v, const Shape& s, DType t) {
+      Tensor h = Tensor::empty(s, t, Device::cpu());
+      for (int64_t i = 0; i < h.numel(); ++i) {
+        test::detail::store_value(t, static_cast<uint8_t*>(h.data()) + i * (dtype_bits(t) / 8),
+                                  v[i]);
+      }
+      return Tensor::copy_of(h.view(), Device::cuda(0));
+    };
+    auto bits = [](const Tensor& t) {
+      Tensor h = Tensor::copy_of(t.view(), Device::cpu());
+      const auto* p = static_cast<const uint16_t*>(h.data());
+      return std::vector<uint16_t>(p, p + h.numel());
+    };
+    Context ctx(Device::cuda(0));
+    Tensor q = up(d.q, qs, DType::kBF16), k = up(d.k, ks, DType::kBF16),
+           v = up(d.v, ks, DType::kBF16), dout = up(d.dout, qs, DType::kBF16);
+    Tensor out = up(cpu.out, qs, DType::kBF16), lse = up(cpu.lse, ls, DType::kF32);
+    const float scale = static_cast<float>(d.dims.scale);
+    const int64_t tiles = (c.T + 63) / 64;
+    const int64_t ds_per_seq = c.H * tiles * (tiles + 1) / 2 * 64 * 64 * 2;
+    std::vector<uint16_t> got[3][3];  // [whole batch, one sequence per chunk, separate dQ][dq, dk, dv]
+    for (int run = 0; run < 3; ++run) {
+      attn::CudaTiles t = attn::default_tiles(static_cast<int>(Dh));
+      t.dq_from_ds = true;
+      t.dkv_warps = 4, t.dkv_br = 64, t.dkv_mt = 1;
+      if (run == 1) t.ds_budget_bytes = ds_per_seq;
+      if (run == 2) t.dq_from_ds = false;
+      Tensor dq = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
+      Tensor dk = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
+      Tensor dv = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
+      attn::attention_bwd_cuda(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale, &t);
+      ctx.synchronize();
+      got[run][0] = bits(dq), got[run][1] = bits(dk), got[run][2] = bits(dv);
+    }
+    EXPECT_EQ(got[0][0], got[1][0]) << "dq, chunked";
+    EXPECT_EQ(got[0][1], got[1][1]) << "dk, chunked";
+    EXPECT_EQ(got[0][2], got[1][2]) << "dv, chunked";
+    EXPECT_EQ(got[0][1], got[2][1]) << "dk, against the separate dQ pass";
+    EXPECT_EQ(got[0][2], got[2][2]) << "dv, against the separate dQ pass";
   }
 }
 
@@ -371,6 +425,11 @@ TEST(AttentionGpu, PerfSdpaShapes) {
           ctx,
           [&] { attn::attention_bwd_cuda(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale, &t); }, 0,
           bwd_flops, 2, 10);
+      if (t.dq_from_ds) {
+        std::printf("    bwd  dkv storing dS + dq from dS: %.3f ms (%.1f TFLOP/s)\n", p.ms,
+                    p.tflop_per_s);
+        continue;
+      }
       std::printf(
           "    bwd  dkv %d warps x %d m-tiles, %3d-query tiles; dq %d warps x %d m-tiles, "
           "%3d-key tiles: %.3f ms (%.1f TFLOP/s)\n",
