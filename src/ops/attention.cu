@@ -455,8 +455,8 @@ struct BwdParams {
   // kStoreDs: dSᵀ tiles [B·H][tiles][64 keys][64 queries] bf16 of the lower triangle, tile
   // (key tile kt, query tile qt ≥ kt) at index qt·(qt + 1)/2 + kt (see ds_tile).
   uint16_t* ds;
-  const float* lse2;     // [B, H, T] f32: lse · log2(e)
-  const float* delta;    // [B, H, T] f32: rowsum(dout ∘ out)
+  const float* lse2;   // [B, H, T] f32: lse · log2(e)
+  const float* delta;  // [B, H, T] f32: rowsum(dout ∘ out)
   int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh;
   int64_t dq_sb, dq_st, dq_sh, dk_sb, dk_st, dk_sh, dv_sb, dv_st, dv_sh;
   int T, H, Hkv, group;
@@ -546,8 +546,8 @@ __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dkv_kernel(const BwdPara
     // kStoreDs: this (head, key tile, query tile)'s dSᵀ tile [64 keys, 64 queries].
     uint16_t* ds_t = nullptr;
     if constexpr (kStoreDs) {
-      ds_t = ds_tile(p.ds, int64_t(b) * p.H + hkv * p.group + it / nq, (T + 63) / 64,
-                     blockIdx.x, q0 / 64);
+      ds_t = ds_tile(p.ds, int64_t(b) * p.H + hkv * p.group + it / nq, (T + 63) / 64, blockIdx.x,
+                     q0 / 64);
     }
     // Skip when every query of the tile precedes every key of the warp, or the warp's keys are
     // all past T.
@@ -1158,8 +1158,8 @@ void attention_bwd_cuda(Context& ctx, const TensorView& dq, const TensorView& dk
   // wave of key tiles leaves the SMs waiting on key tile 0): at 256 blocks it measured 23 %
   // slower than the separate dQ pass, at 900+ faster (H200, Dh 128).
   constexpr int64_t kMinChunkBlocks = 512;
-  const bool from_ds = t.dq_from_ds && fit >= 1 &&
-                       (t.ds_budget_bytes > 0 || fit * Hkv * n_tiles >= kMinChunkBlocks);
+  const bool from_ds =
+      t.dq_from_ds && fit >= 1 && (t.ds_budget_bytes > 0 || fit * Hkv * n_tiles >= kMinChunkBlocks);
   const int64_t b_chunk = from_ds ? fit : B;
 
   // Workspace: delta [B, H, T] f32 | lse2 [B, H, T] f32 | (from_ds) dSᵀ tiles of b_chunk

@@ -95,6 +95,15 @@ CaseData make_data(const GpuCase& c, uint64_t seed) {
   return d;
 }
 
+// A contiguous device tensor of `shape` holding v rounded to t.
+Tensor upload(const std::vector<double>& v, const Shape& shape, DType t) {
+  Tensor h = Tensor::empty(shape, t, Device::cpu());
+  for (int64_t i = 0; i < h.numel(); ++i) {
+    test::detail::store_value(t, static_cast<uint8_t*>(h.data()) + i * (dtype_bits(t) / 8), v[i]);
+  }
+  return Tensor::copy_of(h.view(), Device::cuda(0));
+}
+
 // The arg specs of q, k, v (or dq, dk, dv): contiguous, or views at columns 0, H·Dh and
 // (H + Hkv)·Dh of a fused row of width W = (H + 2·Hkv)·Dh.
 Shape qkv_strides(const GpuCase& c) {
@@ -229,14 +238,6 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
                                               AttnErrorModel::gpu_vs_cpu_twin());
     const Shape qs{c.B, c.T, c.H, c.Dh}, ks{c.B, c.T, c.Hkv, c.Dh}, ls{c.B, c.H, c.T};
     // Device copies of the inputs (contiguous: the strided path is covered above).
-    auto up = [](const std::vector<double>& v, const Shape& s, DType t) {
-      Tensor h = Tensor::empty(s, t, Device::cpu());
-      for (int64_t i = 0; i < h.numel(); ++i) {
-        test::detail::store_value(t, static_cast<uint8_t*>(h.data()) + i * (dtype_bits(t) / 8),
-                                  v[i]);
-      }
-      return Tensor::copy_of(h.view(), Device::cuda(0));
-    };
     auto down = [](const Tensor& t) {
       Tensor h = Tensor::copy_of(t.view(), Device::cpu());
       std::vector<double> v(static_cast<size_t>(h.numel()));
@@ -247,9 +248,9 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
       return v;
     };
     Context ctx(Device::cuda(0));
-    Tensor q = up(d.q, qs, DType::kBF16), k = up(d.k, ks, DType::kBF16),
-           v = up(d.v, ks, DType::kBF16), dout = up(d.dout, qs, DType::kBF16);
-    Tensor out_in = up(cpu.out, qs, DType::kBF16), lse_in = up(cpu.lse, ls, DType::kF32);
+    Tensor q = upload(d.q, qs, DType::kBF16), k = upload(d.k, ks, DType::kBF16),
+           v = upload(d.v, ks, DType::kBF16), dout = upload(d.dout, qs, DType::kBF16);
+    Tensor out_in = upload(cpu.out, qs, DType::kBF16), lse_in = upload(cpu.lse, ls, DType::kF32);
     const float scale = static_cast<float>(d.dims.scale);
     for (const attn::CudaTiles& t : attn::candidate_fwd_tiles(static_cast<int>(Dh))) {
       SCOPED_TRACE(
@@ -265,8 +266,8 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
       SCOPED_TRACE(t.dq_from_ds ? std::string("bwd dkv storing dS, dq from dS")
                                 : fmt::format("bwd dkv {} warps x {} m-tiles, {}-query tiles; dq "
                                               "{} warps x {} m-tiles, {}-key tiles",
-                                              t.dkv_warps, t.dkv_mt, t.dkv_br, t.dq_warps,
-                                              t.dq_mt, t.dq_bc));
+                                              t.dkv_warps, t.dkv_mt, t.dkv_br, t.dq_warps, t.dq_mt,
+                                              t.dq_bc));
       Tensor dq = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
       Tensor dk = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
       Tensor dv = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
@@ -290,27 +291,20 @@ TEST(AttentionGpu, StoredDsChunksGiveTheWholeBatchBits) {
     const CaseData d = make_data(c, 21);
     FwdResult cpu = run_fwd(c, d, Device::cpu());
     const Shape qs{c.B, c.T, c.H, c.Dh}, ks{c.B, c.T, c.Hkv, c.Dh}, ls{c.B, c.H, c.T};
-    auto up = [](const std::vector<double>& v, const Shape& s, DType t) {
-      Tensor h = Tensor::empty(s, t, Device::cpu());
-      for (int64_t i = 0; i < h.numel(); ++i) {
-        test::detail::store_value(t, static_cast<uint8_t*>(h.data()) + i * (dtype_bits(t) / 8),
-                                  v[i]);
-      }
-      return Tensor::copy_of(h.view(), Device::cuda(0));
-    };
     auto bits = [](const Tensor& t) {
       Tensor h = Tensor::copy_of(t.view(), Device::cpu());
       const auto* p = static_cast<const uint16_t*>(h.data());
       return std::vector<uint16_t>(p, p + h.numel());
     };
     Context ctx(Device::cuda(0));
-    Tensor q = up(d.q, qs, DType::kBF16), k = up(d.k, ks, DType::kBF16),
-           v = up(d.v, ks, DType::kBF16), dout = up(d.dout, qs, DType::kBF16);
-    Tensor out = up(cpu.out, qs, DType::kBF16), lse = up(cpu.lse, ls, DType::kF32);
+    Tensor q = upload(d.q, qs, DType::kBF16), k = upload(d.k, ks, DType::kBF16),
+           v = upload(d.v, ks, DType::kBF16), dout = upload(d.dout, qs, DType::kBF16);
+    Tensor out = upload(cpu.out, qs, DType::kBF16), lse = upload(cpu.lse, ls, DType::kF32);
     const float scale = static_cast<float>(d.dims.scale);
     const int64_t tiles = (c.T + 63) / 64;
     const int64_t ds_per_seq = c.H * tiles * (tiles + 1) / 2 * 64 * 64 * 2;
-    std::vector<uint16_t> got[3][3];  // [whole batch, one sequence per chunk, separate dQ][dq, dk, dv]
+    std::vector<uint16_t> got[3]
+                             [3];  // [whole batch, one sequence per chunk, separate dQ][dq, dk, dv]
     for (int run = 0; run < 3; ++run) {
       attn::CudaTiles t = attn::default_tiles(static_cast<int>(Dh));
       t.dq_from_ds = true;
