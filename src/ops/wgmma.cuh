@@ -1,0 +1,72 @@
+// Warpgroup MMA (wgmma, sm_90a) building blocks: shared-memory matrix descriptors for tiles in
+// the 128-byte swizzle, and the fence / commit / wait protocol. One warpgroup is 4 consecutive
+// warps (128 threads, the first warp's index a multiple of 4).
+//
+// A tile in the 128B swizzle: rows of 64 bf16 (128 bytes), 16-byte chunk c of row r stored at
+// chunk position c ^ (r & 7), the tile base 1024-byte aligned — the layout the attention kernels'
+// tile_addr<64> already produce. The descriptor (PTX ISA, "Matrix Descriptor Format"):
+//   bits  0-13  start address >> 4
+//   bits 16-29  leading-dimension byte offset >> 4
+//   bits 32-45  stride-dimension byte offset >> 4
+//   bits 49-51  base offset (0 for 1024-byte aligned tiles)
+//   bits 62-63  swizzle mode (1 = 128B)
+// tests/gpu/test_wgmma.cu checks the offsets used below against a float64 product.
+#pragma once
+
+#include <cstdint>
+
+namespace lowbit::wgmma {
+
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes,
+                                               uint32_t sbo_bytes) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr >> 4) & 0x3FFFu);
+  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
+  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+
+// Generic-proxy writes to shared memory (st.shared, cp.async) made visible to wgmma's reads.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// d [64×64 f32] (+)= A [64×16] · B, A and B bf16 in shared memory. kTransB = 0: B given as
+// [64 (n) × 16 (k)] K-major; 1: B given as [16 (k) × 64 (n)] N-major. accumulate = 0 overwrites d.
+// Thread t of the warpgroup holds rows 16·(t/32) + (t%32)/4 (+8) and, for j < 8, columns
+// 8j + 2·(t%4) (+1): d[4j], d[4j+1] the first row, d[4j+2], d[4j+3] the second.
+template <int kTransB>
+__device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                              int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, %35;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+}
+
+}  // namespace lowbit::wgmma
