@@ -32,6 +32,8 @@ struct CudaTiles {
   // The dK/dV pass (4 warps, 64×64 tiles) also writes the bf16 dSᵀ tiles, and dQ = dS·K is one
   // product over them (the dq_* fields are unused); else the dQ pass recomputes S and dP.
   bool dq_from_ds = false;
+  // Dh 64: the forward on warpgroup MMAs (attn_fwd_wgmma_kernel); the fwd_* fields are unused.
+  bool fwd_wgmma = false;
   // Bytes of dSᵀ tiles held at once (the batch runs in chunks that fit); 0: 512 MiB.
   int64_t ds_budget_bytes = 0;
 };
