@@ -34,6 +34,8 @@ struct CudaTiles {
   bool dq_from_ds = false;
   // Dh 64: the forward on warpgroup MMAs (attn_fwd_wgmma_kernel); the fwd_* fields are unused.
   bool fwd_wgmma = false;
+  // Dh 64: the dK/dV pass on warpgroup MMAs (attn_bwd_dkv_wgmma_kernel); dkv_* fields unused.
+  bool dkv_wgmma = false;
   // Bytes of dSᵀ tiles held at once (the batch runs in chunks that fit); 0: 512 MiB.
   int64_t ds_budget_bytes = 0;
 };

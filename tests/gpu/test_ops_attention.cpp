@@ -264,11 +264,12 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
       EXPECT_TRUE(within_bounds("lse", ls, down(lse), cpu.lse, ref.lse_bound));
     }
     for (const attn::CudaTiles& t : attn::candidate_bwd_tiles(static_cast<int>(Dh))) {
-      SCOPED_TRACE(t.dq_from_ds ? std::string("bwd dkv storing dS, dq from dS")
-                                : fmt::format("bwd dkv {} warps x {} m-tiles, {}-query tiles; dq "
-                                              "{} warps x {} m-tiles, {}-key tiles",
-                                              t.dkv_warps, t.dkv_mt, t.dkv_br, t.dq_warps, t.dq_mt,
-                                              t.dq_bc));
+      SCOPED_TRACE(t.dkv_wgmma    ? std::string("bwd dkv wgmma")
+                   : t.dq_from_ds ? std::string("bwd dkv storing dS, dq from dS")
+                                  : fmt::format("bwd dkv {} warps x {} m-tiles, {}-query tiles; dq "
+                                                "{} warps x {} m-tiles, {}-key tiles",
+                                                t.dkv_warps, t.dkv_mt, t.dkv_br, t.dq_warps,
+                                                t.dq_mt, t.dq_bc));
       Tensor dq = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
       Tensor dk = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
       Tensor dv = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
@@ -309,6 +310,7 @@ TEST(AttentionGpu, StoredDsChunksGiveTheWholeBatchBits) {
     for (int run = 0; run < 3; ++run) {
       attn::CudaTiles t = attn::default_tiles(static_cast<int>(Dh));
       t.dq_from_ds = true;
+      t.dkv_wgmma = false;  // the mma.sync dK/dV kernel on both sides of the comparison
       t.dkv_warps = 4, t.dkv_br = 64, t.dkv_mt = 1;
       if (run == 1) t.ds_budget_bytes = ds_per_seq;
       if (run == 2) t.dq_from_ds = false;
@@ -427,8 +429,9 @@ TEST(AttentionGpu, PerfSdpaShapes) {
           ctx,
           [&] { attn::attention_bwd_cuda(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale, &t); }, 0,
           bwd_flops, 2, 10);
-      if (t.dq_from_ds) {
-        std::printf("    bwd  dkv storing dS + dq from dS: %.3f ms (%.1f TFLOP/s)\n", p.ms,
+      if (t.dq_from_ds || t.dkv_wgmma) {
+        std::printf("    bwd  %s: %.3f ms (%.1f TFLOP/s)\n",
+                    t.dkv_wgmma ? "dkv wgmma + dq" : "dkv storing dS + dq from dS", p.ms,
                     p.tflop_per_s);
         continue;
       }
