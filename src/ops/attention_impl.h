@@ -36,6 +36,8 @@ struct CudaTiles {
   bool fwd_wgmma = false;
   // Dh 64: the dK/dV pass on warpgroup MMAs (attn_bwd_dkv_wgmma_kernel); dkv_* fields unused.
   bool dkv_wgmma = false;
+  // Dh 64: the dQ pass on warpgroup MMAs (attn_bwd_dq_wgmma_kernel); dq_* fields unused.
+  bool dq_wgmma = false;
   // Bytes of dSᵀ tiles held at once (the batch runs in chunks that fit); 0: 512 MiB.
   int64_t ds_budget_bytes = 0;
 };

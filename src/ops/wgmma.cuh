@@ -93,4 +93,23 @@ __device__ __forceinline__ void mma_m64n64k16_rs(float (&d)[32], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(kTransB));
 }
 
+// Issues d (+)= A·Bᵀ over k = 0 .. 63 for 64×64 bf16 tiles A [m][k] and B [n][k] (K-major, 128B
+// swizzle) at shared addresses a and b: four m64n64k16 products (between fence() and commit()).
+__device__ __forceinline__ void issue_kmajor_64(float (&d)[32], uint32_t a, uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes along each 128-byte row
+    mma_m64n64k16<0>(d, desc_sw128(a + 32 * kk, 16, 1024), desc_sw128(b + 32 * kk, 16, 1024), 1);
+  }
+}
+
+// Issues d (+)= A·B over k = 0 .. 63 with A from registers (a[kp]: k = 16kp .., the layout of
+// mma_m64n64k16_rs) and B [k][n] a 64×64 N-major tile at shared address b.
+__device__ __forceinline__ void issue_rs_nmajor_64(float (&d)[32], const uint32_t (&a)[4][4],
+                                                   uint32_t b) {
+#pragma unroll
+  for (int kp = 0; kp < 4; ++kp) {  // 16 rows of 128 bytes down the tile
+    mma_m64n64k16_rs<1>(d, a[kp], desc_sw128(b + 2048 * kp, 8192, 1024), 1);
+  }
+}
+
 }  // namespace lowbit::wgmma

@@ -264,7 +264,7 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
       EXPECT_TRUE(within_bounds("lse", ls, down(lse), cpu.lse, ref.lse_bound));
     }
     for (const attn::CudaTiles& t : attn::candidate_bwd_tiles(static_cast<int>(Dh))) {
-      SCOPED_TRACE(t.dkv_wgmma    ? std::string("bwd dkv wgmma")
+      SCOPED_TRACE(t.dkv_wgmma    ? std::string(t.dq_wgmma ? "bwd dkv+dq wgmma" : "bwd dkv wgmma")
                    : t.dq_from_ds ? std::string("bwd dkv storing dS, dq from dS")
                                   : fmt::format("bwd dkv {} warps x {} m-tiles, {}-query tiles; dq "
                                                 "{} warps x {} m-tiles, {}-key tiles",
@@ -311,6 +311,7 @@ TEST(AttentionGpu, StoredDsChunksGiveTheWholeBatchBits) {
       attn::CudaTiles t = attn::default_tiles(static_cast<int>(Dh));
       t.dq_from_ds = true;
       t.dkv_wgmma = false;  // the mma.sync dK/dV kernel on both sides of the comparison
+      t.dq_wgmma = false;
       t.dkv_warps = 4, t.dkv_br = 64, t.dkv_mt = 1;
       if (run == 1) t.ds_budget_bytes = ds_per_seq;
       if (run == 2) t.dq_from_ds = false;
@@ -431,8 +432,9 @@ TEST(AttentionGpu, PerfSdpaShapes) {
           bwd_flops, 2, 10);
       if (t.dq_from_ds || t.dkv_wgmma) {
         std::printf("    bwd  %s: %.3f ms (%.1f TFLOP/s)\n",
-                    t.dkv_wgmma ? "dkv wgmma + dq" : "dkv storing dS + dq from dS", p.ms,
-                    p.tflop_per_s);
+                    t.dkv_wgmma ? (t.dq_wgmma ? "dkv wgmma + dq wgmma" : "dkv wgmma + dq")
+                                : "dkv storing dS + dq from dS",
+                    p.ms, p.tflop_per_s);
         continue;
       }
       std::printf(
