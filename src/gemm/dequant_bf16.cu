@@ -132,6 +132,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <DequantScales kLayout>
+void launch_dequant16(bool fp4, int grid, cudaStream_t stream, const uint8_t* codes, DType t,
+                      uint32_t chunks, uint32_t chunks_per_row, uint32_t cols,
+                      const uint8_t* scales, uint16_t* out) {
+  auto kernel = fp4 ? dequant16_kernel<kLayout, true> : dequant16_kernel<kLayout, false>;
+  kernel<<<grid, kThreads, 0, stream>>>(codes, t, chunks, chunks_per_row, cols, scales, out);
+}
+
 __global__ void nvfp4_alpha_kernel(float alpha, float beta, const float* amax_a,
                                    const float* amax_b, float* out) {
   float a = alpha;
@@ -202,31 +210,16 @@ void dequant_to_bf16(const uint8_t* codes, DType t, int64_t rows, int64_t cols,
                c = static_cast<uint32_t>(cols);
     switch (layout) {
       case DequantScales::kNvfp4:
-        if (fp4) {
-          dequant16_kernel<DequantScales::kNvfp4, true>
-              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
-        } else {
-          dequant16_kernel<DequantScales::kNvfp4, false>
-              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
-        }
+        launch_dequant16<DequantScales::kNvfp4>(fp4, grid, stream, codes, t, n, cpr, c, scales,
+                                                out);
         break;
       case DequantScales::kMxRowwise:
-        if (fp4) {
-          dequant16_kernel<DequantScales::kMxRowwise, true>
-              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
-        } else {
-          dequant16_kernel<DequantScales::kMxRowwise, false>
-              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
-        }
+        launch_dequant16<DequantScales::kMxRowwise>(fp4, grid, stream, codes, t, n, cpr, c, scales,
+                                                    out);
         break;
       case DequantScales::kMxColumnwise:
-        if (fp4) {
-          dequant16_kernel<DequantScales::kMxColumnwise, true>
-              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
-        } else {
-          dequant16_kernel<DequantScales::kMxColumnwise, false>
-              <<<grid, kThreads, 0, stream>>>(codes, t, n, cpr, c, scales, out);
-        }
+        launch_dequant16<DequantScales::kMxColumnwise>(fp4, grid, stream, codes, t, n, cpr, c,
+                                                       scales, out);
         break;
     }
     LOWBIT_CUDA_CHECK_LAUNCH();

@@ -1546,12 +1546,9 @@ void attention_bwd_cuda(Context& ctx, const TensorView& dq, const TensorView& dk
   LOWBIT_CHECK(!t.dq_from_ds || (t.dkv_warps == 4 && t.dkv_br == 64 && t.dkv_mt == 1),
                "attention_bwd: the dQ pass from stored dS needs the 4-warp 64×64 dK/dV kernel");
   const int64_t fit = std::min<int64_t>(B, kDsBudget / ds_per_b);  // sequences per chunk
-  // A chunk also needs enough dK/dV blocks to balance the causal triangle over the GPU (one
-  // wave of key tiles leaves the SMs waiting on key tile 0): at 256 blocks it measured 23 %
-  // slower than the separate dQ pass, at 900+ faster (H200, Dh 128).
-  constexpr int64_t kMinChunkBlocks = 512;
-  const bool from_ds =
-      t.dq_from_ds && fit >= 1 && (t.ds_budget_bytes > 0 || fit * Hkv * n_tiles >= kMinChunkBlocks);
+  // A chunk also needs enough dK/dV blocks to balance the causal triangle over the GPU (see
+  // CudaTiles::ds_min_chunk_blocks).
+  const bool from_ds = t.dq_from_ds && fit >= 1 && fit * Hkv * n_tiles >= t.ds_min_chunk_blocks;
   const int64_t b_chunk = from_ds ? fit : B;
 
   // Workspace: delta [B, H, T] f32 | lse2 [B, H, T] f32 | (from_ds) dSᵀ tiles of b_chunk
