@@ -8,6 +8,8 @@
 #include <cmath>
 #include <random>
 
+#include "bench/kernel_trace.h"
+#include "data/data_util.h"
 #include "lowbit/core/sysinfo.h"
 #include "lowbit/train/step.h"
 
@@ -50,7 +52,10 @@ std::vector<TrainBenchCase> train_bench_cases(const std::string& presets_csv) {
 
 std::vector<TrainBenchRow> run_train_bench(const TrainBenchOptions& opt) {
   std::vector<TrainBenchRow> rows;
+  std::string trace_text;  // kernel-trace sections, written once at the end
   Context ctx = Context::create_default();
+  LOWBIT_USER_CHECK(opt.kernel_trace_path.empty() || ctx.on_gpu(),
+                    "--kernel-trace needs a GPU: there are no kernels to trace on the CPU");
   const std::vector<GpuInfo> gpus = list_gpus();
   const double peak = ctx.on_gpu() && !gpus.empty() ? peak_bf16_flops(gpus[0].name) : 0.0;
   for (const TrainBenchCase& c : opt.cases) {
@@ -97,6 +102,8 @@ std::vector<TrainBenchRow> run_train_bench(const TrainBenchOptions& opt) {
           if (s == 0) row.loss_first = o.loss;
         }
         ctx.synchronize();
+        std::unique_ptr<KernelTrace> trace;
+        if (!opt.kernel_trace_path.empty() && ctx.on_gpu()) trace = KernelTrace::start();
         const auto t0 = std::chrono::steady_clock::now();
         for (int s = 0; s < opt.steps; ++s) {
           ac.step = opt.warmup_steps + s + 1;
@@ -105,6 +112,17 @@ std::vector<TrainBenchRow> run_train_bench(const TrainBenchOptions& opt) {
         ctx.synchronize();
         const double sec =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (trace) {
+          const KernelSummary ks = summarize_kernels(trace->stop());
+          trace.reset();
+          // Busy share of the wall time (the host's timer spans what the GPU's does).
+          row.gpu_busy = ks.busy_ms / (sec * 1e3);
+          trace_text += format_kernel_summary(
+              ks, opt.steps,
+              fmt::format("{} {} {}x{}: {} timed steps, wall {:.3f} ms per step", c.preset, rname,
+                          c.batch, c.seq_len, opt.steps, sec * 1e3 / opt.steps));
+          trace_text += "\n";
+        }
         row.step_ms = sec * 1e3 / opt.steps;
         row.tokens_per_s = double(c.batch) * c.seq_len * opt.steps / sec;
         if (peak > 0) row.mfu = mc.train_flops_per_token(c.seq_len) * row.tokens_per_s / peak;
@@ -126,6 +144,9 @@ std::vector<TrainBenchRow> run_train_bench(const TrainBenchOptions& opt) {
       }
       rows.push_back(row);
     }
+  }
+  if (!opt.kernel_trace_path.empty()) {
+    data::detail::write_file_atomic(opt.kernel_trace_path, trace_text);
   }
   return rows;
 }

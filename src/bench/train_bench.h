@@ -25,6 +25,9 @@ struct TrainBenchOptions {
   bool keep_quantized_inputs = false;            // see TrainOptions::keep_quantized_inputs
   bool keep_quantized_weights = false;           // see TrainOptions::keep_quantized_weights
   std::string recompute_block_outputs = "auto";  // see ForwardOptions::recompute_block_outputs
+  // Non-empty: the timed steps of every row are traced kernel by kernel (kernel_trace.h) and the
+  // summaries written to this file, one section per row.
+  std::string kernel_trace_path;
 };
 
 struct TrainBenchRow {
@@ -35,6 +38,7 @@ struct TrainBenchRow {
   int64_t peak_mem_bytes = 0;
   std::vector<std::pair<std::string, int64_t>> peak_by_category;
   double speed_vs_bf16 = -1, mem_vs_bf16 = -1;
+  double gpu_busy = -1;  // with a kernel trace: the share of the timed span the GPU ran kernels
   std::string error;
 };
 

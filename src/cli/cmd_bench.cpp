@@ -185,6 +185,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
     bool keep_quantized_weights = false;
     std::string recompute_block_outputs = "auto";
     std::string json_out;
+    std::string kernel_trace;
   };
   auto t = std::make_shared<TrainOpts>();
   CLI::App* train_cmd = bench->add_subcommand(
@@ -212,6 +213,9 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   train_cmd->add_option("--json-out", t->json_out, "Also write one JSON object per row");
+  train_cmd->add_option("--kernel-trace", t->kernel_trace,
+                        "Trace the timed steps' kernels (CUPTI) and write a per-kernel table, "
+                        "with the GPU's busy share of the wall time, to this file");
   train_cmd->callback([t, &action] {
     action = [t] {
       bench::TrainBenchOptions opt;
@@ -233,6 +237,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       opt.keep_quantized_inputs = t->keep_quantized_inputs;
       opt.keep_quantized_weights = t->keep_quantized_weights;
       opt.recompute_block_outputs = t->recompute_block_outputs;
+      opt.kernel_trace_path = t->kernel_trace;
       const std::vector<GpuInfo> gpus = list_gpus();
       std::printf("lowbit bench train on %s\n", gpus.empty() ? "the CPU" : gpus[0].name.c_str());
       std::printf("%-6s %-12s %9s %10s %12s %7s %11s %8s %8s\n", "preset", "recipe", "batch",
@@ -251,6 +256,10 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                       r.preset.c_str(), r.recipe.c_str(), r.batch, r.seq_len, r.step_ms,
                       r.tokens_per_s, r.mfu * 100, r.peak_mem_bytes / 1073741824.0, r.speed_vs_bf16,
                       r.mem_vs_bf16);
+          if (r.gpu_busy >= 0) {
+            std::printf("       GPU busy %.1f%% of the timed wall time (kernel table: %s)\n",
+                        r.gpu_busy * 100, t->kernel_trace.c_str());
+          }
         }
         std::fflush(stdout);
         if (f.is_open()) {
@@ -270,6 +279,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                               {"speed_vs_bf16", r.speed_vs_bf16},
                               {"mem_vs_bf16", r.mem_vs_bf16},
                               {"error", r.error}};
+          if (r.gpu_busy >= 0) j["gpu_busy"] = r.gpu_busy;
           nlohmann::json cats;
           for (const auto& [k, v] : r.peak_by_category) cats[k] = v;
           j["peak_by_category"] = cats;

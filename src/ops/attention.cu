@@ -456,10 +456,8 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
     __syncthreads();
     const uint32_t sKs = sK + stage * kTile, sVs = sV + stage * kTile;
     float s[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
     wgmma::fence();
-    wgmma::issue_kmajor_64(s, sQ, sKs);
+    wgmma::issue_kmajor_64(s, sQ, sKs, /*overwrite=*/true);
     wgmma::commit();
     wgmma::wait<0>();
     const int k0 = j * kB;
@@ -877,11 +875,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
     const float* lrow = sL_ptr + stage * kB;
     const float* drow = sD_ptr + stage * kB;
     float st[32], dpt[32];  // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: [64 keys, 64 queries]
-#pragma unroll
-    for (int i = 0; i < 32; ++i) st[i] = dpt[i] = 0.0f;
     wgmma::fence();
-    wgmma::issue_kmajor_64(st, sK, sQs);
-    wgmma::issue_kmajor_64(dpt, sV, sdOs);
+    wgmma::issue_kmajor_64(st, sK, sQs, /*overwrite=*/true);
+    wgmma::issue_kmajor_64(dpt, sV, sdOs, /*overwrite=*/true);
     wgmma::commit();
     wgmma::wait<0>();
     // Pᵀ = 2^(scale_log2·s − lse2), dSᵀ = Pᵀ ∘ (dPᵀ − delta); masked: queries before the key
@@ -983,11 +979,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
     __syncthreads();
     const uint32_t sKs = sK + stage * kTile, sVs = sV + stage * kTile;
     float sv[32], dpv[32];  // S = Q·Kᵀ, dP = dO·Vᵀ: [64 queries, 64 keys]
-#pragma unroll
-    for (int i = 0; i < 32; ++i) sv[i] = dpv[i] = 0.0f;
     wgmma::fence();
-    wgmma::issue_kmajor_64(sv, sQ, sKs);
-    wgmma::issue_kmajor_64(dpv, sdO, sVs);
+    wgmma::issue_kmajor_64(sv, sQ, sKs, /*overwrite=*/true);
+    wgmma::issue_kmajor_64(dpv, sdO, sVs, /*overwrite=*/true);
     wgmma::commit();
     wgmma::wait<0>();
     const int k0 = j * kB;

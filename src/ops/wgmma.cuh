@@ -95,10 +95,13 @@ __device__ __forceinline__ void mma_m64n64k16_rs(float (&d)[32], const uint32_t 
 
 // Issues d (+)= A·Bᵀ over k = 0 .. 63 for 64×64 bf16 tiles A [m][k] and B [n][k] (K-major, 128B
 // swizzle) at shared addresses a and b: four m64n64k16 products (between fence() and commit()).
-__device__ __forceinline__ void issue_kmajor_64(float (&d)[32], uint32_t a, uint32_t b) {
+// overwrite: d = A·Bᵀ (the first product ignores d's old values, so d need not be zeroed).
+__device__ __forceinline__ void issue_kmajor_64(float (&d)[32], uint32_t a, uint32_t b,
+                                                bool overwrite = false) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes along each 128-byte row
-    mma_m64n64k16<0>(d, desc_sw128(a + 32 * kk, 16, 1024), desc_sw128(b + 32 * kk, 16, 1024), 1);
+    mma_m64n64k16<0>(d, desc_sw128(a + 32 * kk, 16, 1024), desc_sw128(b + 32 * kk, 16, 1024),
+                     kk > 0 || !overwrite);
   }
 }
 

@@ -225,6 +225,11 @@ grep -q "auto" "$tmp/err" || fail "recompute_block_outputs sometimes: the valid 
 run 2 bench train --recompute_block_outputs sometimes
 grep -q -- "--recompute_block_outputs" "$tmp/err" ||
   fail "bench train, bad --recompute_block_outputs: the message does not name the flag"
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  run 2 bench train --presets tiny --recipes bf16 --steps 1 --warmup 1 --kernel-trace "$tmp/k.txt"
+  grep -q "needs a GPU" "$tmp/err" || fail "bench train --kernel-trace on the CPU: unclear error"
+  [[ ! -e $tmp/k.txt ]] || fail "bench train --kernel-trace on the CPU wrote a file"
+fi
 run 2 eval "$tmp/no-checkpoint"
 grep -q "not a lowbit checkpoint" "$tmp/err" || fail "eval of a missing checkpoint: unclear error"
 printf 'In the beginning was the word, and the word was with the text.\n%.0s' $(seq 1 400) \

@@ -1,0 +1,214 @@
+// KernelTrace: CUPTI's activity API loaded with dlopen (see kernel_trace.h).
+#include "bench/kernel_trace.h"
+
+#include <cupti_activity.h>
+#include <cxxabi.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <type_traits>
+
+#include "lowbit/core/error.h"
+
+namespace lowbit::bench {
+
+namespace {
+
+// The few CUPTI entry points used, resolved from the library found at run time.
+struct Cupti {
+  void* lib = nullptr;
+  CUptiResult (*register_callbacks)(CUpti_BuffersCallbackRequestFunc,
+                                    CUpti_BuffersCallbackCompleteFunc) = nullptr;
+  CUptiResult (*enable)(CUpti_ActivityKind) = nullptr;
+  CUptiResult (*disable)(CUpti_ActivityKind) = nullptr;
+  CUptiResult (*flush_all)(uint32_t) = nullptr;
+  CUptiResult (*next_record)(uint8_t*, size_t, CUpti_Activity**) = nullptr;
+  CUptiResult (*result_string)(CUptiResult, const char**) = nullptr;
+};
+
+Cupti& cupti() {
+  static Cupti c = [] {
+    Cupti r;
+    for (const char* name :
+         {"libcupti.so.13", "libcupti.so", "/usr/local/cuda/lib64/libcupti.so.13",
+          "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13"}) {
+      r.lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (r.lib != nullptr) break;
+    }
+    if (r.lib == nullptr) return r;
+    auto sym = [&](auto& fn, const char* s) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(r.lib, s));
+    };
+    sym(r.register_callbacks, "cuptiActivityRegisterCallbacks");
+    sym(r.enable, "cuptiActivityEnable");
+    sym(r.disable, "cuptiActivityDisable");
+    sym(r.flush_all, "cuptiActivityFlushAll");
+    sym(r.next_record, "cuptiActivityGetNextRecord");
+    sym(r.result_string, "cuptiGetResultString");
+    return r;
+  }();
+  return c;
+}
+
+std::string result_text(CUptiResult e) {
+  const char* s = nullptr;
+  if (cupti().result_string != nullptr) cupti().result_string(e, &s);
+  return s != nullptr ? s : "CUPTI error " + std::to_string(int(e));
+}
+
+void check(CUptiResult e, const char* what) {
+  if (e != CUPTI_SUCCESS) {
+    throw UserError(fmt::format("kernel trace: {} failed: {}", what, result_text(e)));
+  }
+}
+
+// Records land here from CUPTI's buffer callbacks (which may run on a CUPTI thread).
+struct Sink {
+  std::mutex mu;
+  std::vector<KernelRecord> records;
+  std::map<std::string, std::string> demangled;  // mangled → readable
+};
+
+Sink& sink() {
+  static Sink s;
+  return s;
+}
+
+constexpr size_t kBufferBytes = size_t(8) << 20;
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  // Activity buffers must be 8-byte aligned.
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+  *size = *buffer != nullptr ? kBufferBytes : 0;
+  *max_records = 0;
+}
+
+std::string readable(Sink& s, const char* mangled) {
+  if (mangled == nullptr) return "?";
+  auto it = s.demangled.find(mangled);
+  if (it != s.demangled.end()) return it->second;
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && d != nullptr ? d : mangled;
+  std::free(d);
+  s.demangled.emplace(mangled, name);
+  return name;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  Sink& s = sink();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    CUpti_Activity* rec = nullptr;
+    while (cupti().next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
+      if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
+          rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) {
+        continue;
+      }
+      // start, end and name sit at the same offsets in every CUpti_ActivityKernel version.
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+      s.records.push_back({readable(s, k->name), k->start, k->end});
+    }
+  }
+  std::free(buffer);
+}
+
+bool g_active = false;
+
+}  // namespace
+
+std::unique_ptr<KernelTrace> KernelTrace::start() {
+  Cupti& c = cupti();
+  LOWBIT_USER_CHECK(
+      c.lib != nullptr,
+      "kernel trace: CUPTI (libcupti.so.13) was not found; install the CUDA toolkit's "
+      "CUPTI or put its directory on LD_LIBRARY_PATH");
+  LOWBIT_USER_CHECK(c.register_callbacks && c.enable && c.disable && c.flush_all && c.next_record,
+                    "kernel trace: the CUPTI library found lacks the activity API");
+  LOWBIT_USER_CHECK(!g_active, "kernel trace: one trace at a time");
+  {
+    std::lock_guard<std::mutex> lock(sink().mu);
+    sink().records.clear();
+  }
+  check(c.register_callbacks(buffer_requested, buffer_completed), "registering buffers");
+  check(c.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enabling kernel records");
+  g_active = true;
+  std::unique_ptr<KernelTrace> t(new KernelTrace());
+  t->running_ = true;
+  return t;
+}
+
+std::vector<KernelRecord> KernelTrace::stop() {
+  if (!running_) return {};
+  running_ = false;
+  g_active = false;
+  check(cupti().flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flushing");
+  check(cupti().disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "disabling kernel records");
+  std::lock_guard<std::mutex> lock(sink().mu);
+  std::vector<KernelRecord> out = std::move(sink().records);
+  sink().records.clear();
+  std::sort(out.begin(), out.end(),
+            [](const KernelRecord& a, const KernelRecord& b) { return a.start_ns < b.start_ns; });
+  return out;
+}
+
+KernelTrace::~KernelTrace() {
+  if (running_) {
+    try {
+      stop();
+    } catch (...) {  // a destructor reports nothing
+    }
+  }
+}
+
+KernelSummary summarize_kernels(const std::vector<KernelRecord>& records) {
+  KernelSummary s;
+  if (records.empty()) return s;
+  std::map<std::string, KernelSummaryRow> by_name;
+  uint64_t first = records.front().start_ns, last = 0, covered_to = 0;
+  double busy_ns = 0, sum_ns = 0;
+  // records are sorted by start: the union of intervals in one sweep.
+  for (const KernelRecord& r : records) {
+    const uint64_t end = std::max(r.end_ns, r.start_ns);
+    KernelSummaryRow& row = by_name[r.name];
+    row.name = r.name;
+    ++row.launches;
+    row.total_ms += double(end - r.start_ns) * 1e-6;
+    sum_ns += double(end - r.start_ns);
+    const uint64_t from = std::max(r.start_ns, covered_to);
+    if (end > from) busy_ns += double(end - from);
+    covered_to = std::max(covered_to, end);
+    last = std::max(last, end);
+    first = std::min(first, r.start_ns);
+  }
+  for (auto& [name, row] : by_name) s.rows.push_back(row);
+  std::sort(s.rows.begin(), s.rows.end(), [](const KernelSummaryRow& a, const KernelSummaryRow& b) {
+    return a.total_ms > b.total_ms;
+  });
+  s.kernel_ms = sum_ns * 1e-6;
+  s.busy_ms = busy_ns * 1e-6;
+  s.span_ms = double(last - first) * 1e-6;
+  s.kernels = static_cast<int64_t>(records.size());
+  return s;
+}
+
+std::string format_kernel_summary(const KernelSummary& s, int per, const std::string& title) {
+  const double n = std::max(per, 1);
+  std::string out = fmt::format(
+      "# {}\n# per step: {:.0f} kernels, kernel time {:.3f} ms, GPU busy {:.3f} ms of a {:.3f} ms "
+      "span ({:.1f}% busy)\n",
+      title, double(s.kernels) / n, s.kernel_ms / n, s.busy_ms / n, s.span_ms / n,
+      s.span_ms > 0 ? 100.0 * s.busy_ms / s.span_ms : 0.0);
+  out += fmt::format("# {:>10} {:>9} {:>7}  {}\n", "ms/step", "launches", "share", "kernel");
+  for (const KernelSummaryRow& r : s.rows) {
+    std::string name = r.name.size() > 160 ? r.name.substr(0, 157) + "..." : r.name;
+    out += fmt::format("{:>12.3f} {:>9.1f} {:>6.1f}%  {}\n", r.total_ms / n, double(r.launches) / n,
+                       s.kernel_ms > 0 ? 100.0 * r.total_ms / s.kernel_ms : 0.0, name);
+  }
+  return out;
+}
+
+}  // namespace lowbit::bench

@@ -1,0 +1,59 @@
+// In-situ kernel timeline of a benchmark (`lowbit bench train --kernel-trace FILE`): every
+// kernel's start and end as the GPU ran it, through CUPTI's activity API, without replaying
+// or serialising anything. It answers what a profiler would, where none is installed: where a
+// step's time goes, kernel by kernel, and how much of the wall time the GPU was busy at all
+// (the rest is launch gaps and host work on the critical path).
+//
+// CUPTI is loaded at run time (dlopen of libcupti.so.13), so lowbit runs where it is absent;
+// asking for a trace there is a clear error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lowbit::bench {
+
+struct KernelRecord {
+  std::string name;  // demangled, template arguments kept
+  uint64_t start_ns = 0, end_ns = 0;
+};
+
+struct KernelSummaryRow {
+  std::string name;
+  int64_t launches = 0;
+  double total_ms = 0;
+};
+
+struct KernelSummary {
+  std::vector<KernelSummaryRow> rows;  // by total time, largest first
+  double kernel_ms = 0;                // Σ kernel durations
+  double busy_ms = 0;                  // union of the kernels' intervals
+  double span_ms = 0;                  // first start .. last end
+  int64_t kernels = 0;
+};
+
+// One trace at a time per process. start() throws UserError when CUPTI cannot be loaded or
+// refuses; stop() (after the device work to be traced has been synchronised) flushes and
+// returns the records.
+class KernelTrace {
+ public:
+  static std::unique_ptr<KernelTrace> start();
+  ~KernelTrace();
+  std::vector<KernelRecord> stop();
+  KernelTrace(const KernelTrace&) = delete;
+  KernelTrace& operator=(const KernelTrace&) = delete;
+
+ private:
+  KernelTrace() = default;
+  bool running_ = false;
+};
+
+KernelSummary summarize_kernels(const std::vector<KernelRecord>& records);
+
+// The summary as text: a header (kernel sum, busy, span per `per` units, e.g. per step) and one
+// line per kernel name.
+std::string format_kernel_summary(const KernelSummary& s, int per, const std::string& title);
+
+}  // namespace lowbit::bench

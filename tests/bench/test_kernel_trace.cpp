@@ -1,0 +1,43 @@
+// The kernel-trace summary: per-name totals, and the busy time as the union of the kernels'
+// intervals (overlaps counted once, gaps not at all).
+#include <gtest/gtest.h>
+
+#include "bench/kernel_trace.h"
+
+namespace lowbit::bench {
+namespace {
+
+TEST(KernelTraceSummary, UnionOfIntervalsAndTotalsPerName) {
+  // ns: a [0, 100), b [50, 120) overlapping a, gap, a [200, 260), c [210, 220) inside it.
+  const std::vector<KernelRecord> recs = {
+      {"a", 0, 100}, {"b", 50, 120}, {"a", 200, 260}, {"c", 210, 220}};
+  const KernelSummary s = summarize_kernels(recs);
+  EXPECT_EQ(s.kernels, 4);
+  EXPECT_DOUBLE_EQ(s.kernel_ms, (100 + 70 + 60 + 10) * 1e-6);
+  EXPECT_DOUBLE_EQ(s.busy_ms, (120 + 60) * 1e-6);
+  EXPECT_DOUBLE_EQ(s.span_ms, 260 * 1e-6);
+  ASSERT_EQ(s.rows.size(), 3u);
+  EXPECT_EQ(s.rows[0].name, "a");  // largest total first
+  EXPECT_EQ(s.rows[0].launches, 2);
+  EXPECT_DOUBLE_EQ(s.rows[0].total_ms, 160 * 1e-6);
+  EXPECT_EQ(s.rows[1].name, "b");
+  EXPECT_EQ(s.rows[2].name, "c");
+}
+
+TEST(KernelTraceSummary, EmptyTraceAndPerStepText) {
+  const KernelSummary none = summarize_kernels({});
+  EXPECT_EQ(none.kernels, 0);
+  EXPECT_EQ(none.busy_ms, 0.0);
+  // Two steps of 1 ms each: per-step figures are halves of the totals.
+  const KernelSummary s = summarize_kernels({{"k", 0, 1000000}, {"k", 1000000, 2000000}});
+  const std::string text = format_kernel_summary(s, 2, "title");
+  EXPECT_NE(text.find("# title"), std::string::npos);
+  EXPECT_NE(text.find("per step: 1 kernels, kernel time 1.000 ms, GPU busy 1.000 ms of a 1.000 ms "
+                      "span (100.0% busy)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("       1.000       1.0  100.0%  k"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace lowbit::bench
