@@ -193,6 +193,30 @@ __device__ __forceinline__ void load_kv_tile(const Params& p, uint32_t sK, uint3
   load_tile<kRows, kDh, kThreads>(sV + stage * kTileBytes, vg + k1 * p.v_st, p.v_st, p.T - k1, tid);
 }
 
+// The block's query tile (grid: query tiles × B·H, the tile index reversed so that the longest
+// rows of the causal mask start first): tile qt of kRows queries from q0, (batch, head) = bh,
+// the key tiles of kKeys up to the last valid query (n_kt), and the head's K and V rows.
+struct QueryTile {
+  int qt, bh, b, h, q0, n_kt;
+  const uint16_t* kg;  // K of kv head h / group: [T, Dh] rows, k_st apart
+  const uint16_t* vg;  // V likewise
+};
+
+template <int kRows, int kKeys, typename Params>
+__device__ __forceinline__ QueryTile query_tile(const Params& p) {
+  QueryTile t;
+  t.qt = gridDim.x - 1 - blockIdx.x;
+  t.bh = blockIdx.y;
+  t.b = t.bh / p.H;
+  t.h = t.bh % p.H;
+  const int hkv = t.h / p.group;
+  t.q0 = t.qt * kRows;
+  t.n_kt = (min(t.q0 + kRows, p.T) - 1) / kKeys + 1;
+  t.kg = p.k + t.b * p.k_sb + hkv * p.k_sh;
+  t.vg = p.v + t.b * p.v_sb + hkv * p.v_sh;
+  return t;
+}
+
 // ---- forward
 // -------------------------------------------------------------------------------------
 
@@ -226,14 +250,10 @@ __global__ void __launch_bounds__(kWarps * 32) attn_fwd_kernel(const FwdParams p
   const uint32_t sV = sK + 2 * kTileBytes;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int qt = gridDim.x - 1 - blockIdx.x;
-  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hkv = h / p.group;
-  const int T = p.T;
-  const int q0 = qt * kBr;
-  const int n_kt = (min(q0 + kBr, T) - 1) / kBc + 1;  // key tiles up to the last valid query
+  const QueryTile qtile = query_tile<kBr, kBc>(p);
+  const int bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, n_kt = qtile.n_kt, T = p.T;
+  const uint16_t *kg = qtile.kg, *vg = qtile.vg;
   const uint16_t* qg = p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st;
-  const uint16_t* kg = p.k + b * p.k_sb + hkv * p.k_sh;
-  const uint16_t* vg = p.v + b * p.v_sb + hkv * p.v_sh;
 
   load_tile<kBr, kDh, kThreads>(sQ, qg, p.q_st, T - q0, tid);
   load_kv_tile<kBc, kDh, kThreads>(p, sK, sV, 0, kg, vg, 0, tid);
@@ -426,13 +446,9 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
   const uint32_t sQ = base, sK = base + kTile, sV = base + 3 * kTile;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int qt = gridDim.x - 1 - blockIdx.x;
-  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hkv = h / p.group;
-  const int T = p.T;
-  const int q0 = qt * kB;
-  const int n_kt = (min(q0 + kB, T) - 1) / kB + 1;
-  const uint16_t* kg = p.k + b * p.k_sb + hkv * p.k_sh;
-  const uint16_t* vg = p.v + b * p.v_sb + hkv * p.v_sh;
+  const QueryTile qtile = query_tile<kB, kB>(p);
+  const int bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, n_kt = qtile.n_kt, T = p.T;
+  const uint16_t *kg = qtile.kg, *vg = qtile.vg;
   load_tile<kB, kDh, kThreads>(sQ, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, p.q_st, T - q0,
                                tid);
   load_kv_tile<kB, kDh, kThreads>(p, sK, sV, 0, kg, vg, 0, tid);
@@ -944,13 +960,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
   const uint32_t sQ = base, sdO = base + kTile, sK = base + 2 * kTile, sV = base + 4 * kTile;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int qt = gridDim.x - 1 - blockIdx.x;
-  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hkv = h / p.group;
-  const int T = p.T;
-  const int q0 = qt * kB;
-  const int n_kt = (min(q0 + kB, T) - 1) / kB + 1;
-  const uint16_t* kg = p.k + b * p.k_sb + hkv * p.k_sh;
-  const uint16_t* vg = p.v + b * p.v_sb + hkv * p.v_sh;
+  const QueryTile qtile = query_tile<kB, kB>(p);
+  const int bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, n_kt = qtile.n_kt, T = p.T;
+  const uint16_t *kg = qtile.kg, *vg = qtile.vg;
   load_tile<kB, kDh, kThreads>(sQ, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, p.q_st, T - q0,
                                tid);
   load_tile<kB, kDh, kThreads>(sdO, p.dout + b * p.do_sb + h * p.do_sh + q0 * p.do_st, p.do_st,
@@ -1037,13 +1049,9 @@ __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dq_kernel(const BwdParam
   const uint32_t sV = sK + 2 * kTileBytes;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int qt = gridDim.x - 1 - blockIdx.x;
-  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hkv = h / p.group;
-  const int T = p.T;
-  const int q0 = qt * kBr;
-  const int n_kt = (min(q0 + kBr, T) - 1) / kBc + 1;
-  const uint16_t* kg = p.k + b * p.k_sb + hkv * p.k_sh;
-  const uint16_t* vg = p.v + b * p.v_sb + hkv * p.v_sh;
+  const QueryTile qtile = query_tile<kBr, kBc>(p);
+  const int bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, n_kt = qtile.n_kt, T = p.T;
+  const uint16_t *kg = qtile.kg, *vg = qtile.vg;
 
   load_tile<kBr, kDh, kThreads>(sQ, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, p.q_st, T - q0,
                                 tid);
@@ -1190,11 +1198,10 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_from_ds_kernel(const BwdParam
   const uint32_t sK = sS + 2 * kTileS;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int qt = gridDim.x - 1 - blockIdx.x;
-  const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hkv = h / p.group;
-  const int T = p.T, n_tiles = (T + 63) / 64;
-  const int q0 = qt * 64;
-  const uint16_t* kg = p.k + b * p.k_sb + hkv * p.k_sh;
+  const QueryTile qtile = query_tile<64, 64>(p);
+  const int qt = qtile.qt, bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, T = p.T;
+  const int n_tiles = (T + 63) / 64;
+  const uint16_t* kg = qtile.kg;
   auto issue = [&](int kt, int stage) {
     load_tile<64, 64, kThreads>(sS + stage * kTileS, ds_tile(p.ds, bh, n_tiles, kt, qt), 64, 64,
                                 tid);
