@@ -208,6 +208,10 @@ struct ForwardOptions {
   // Count saturated and underflowing elements of every quantized operand into the model's
   // quant-stats buffer (one extra pass over each operand; for the steps that log them).
   bool collect_quant_stats = false;
+  // The first micro-batch of a step: each linear's first weight-gradient GEMM writes its
+  // gradient (beta 0) instead of adding to it, so those gradients need no zeroing beforehand
+  // (LlamaModel::zero_grads(true) clears only the others). Off: every gradient is added to.
+  bool overwrite_linear_grads = false;
 };
 
 // Per-step counters gathered on the device (no host synchronisation until read).
@@ -255,6 +259,11 @@ class LlamaModel {
   // params().grad_all, each token's loss gradient scaled by grad_scale.
   StepStats forward_backward(const TensorView& tokens, const TensorView& targets, int batch,
                              int seq_len, float grad_scale, const ForwardOptions& opt = {});
+  // Zeroes the gradients before a step's first micro-batch: all of them, or with
+  // `except_overwritten` only those that a forward_backward with overwrite_linear_grads does not
+  // write outright (the embedding, the norms, and a head tied to the embedding) — the weight
+  // gradients of the linears, most of the arena, then skip a memset and a read in their GEMMs.
+  void zero_grads(bool except_overwritten);
   // Forward only: the loss (eval).
   StepStats forward_loss(const TensorView& tokens, const TensorView& targets, int batch,
                          int seq_len);

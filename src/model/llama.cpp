@@ -77,6 +77,8 @@ struct LlamaModel::Impl {
   bool recompute_weights = true;   // ForwardOptions::recompute_quantized_weights of this pass
   bool recompute_outputs = false;  // ForwardOptions::recompute_block_outputs, resolved
   bool collect_stats = false;      // ForwardOptions::collect_quant_stats of this pass
+  bool overwrite_grads = false;    // ForwardOptions::overwrite_linear_grads of this pass
+  std::vector<char> grad_written;  // [L·4 + 1] the linear's gradient was written this pass
   Tensor stats_counts;  // [L·4 + 1, 3, 2] i64: {saturated, underflow} per linear and operand
   std::vector<int64_t> stats_numel;  // [L·4 + 1, 3] elements counted (host)
   bool w_stats_done = false;         // weights are counted once per reset
@@ -128,6 +130,17 @@ struct LlamaModel::Impl {
   }
   bool has_compute_weight(int lin) const {
     return adt == DType::kF32 || arena.has_compute(weight_params(lin).first);
+  }
+  // Whether linear `lin`'s weight gradient is written outright by its wgrad GEMMs in a pass
+  // with overwrite_linear_grads: every linear but a head tied to the embedding (the embedding's
+  // scatter-add shares that gradient).
+  bool grad_overwritable(int lin) const { return !(lin == head_index() && p_head == p_embed); }
+  // beta of linear `lin`'s next wgrad GEMM: 0 for its first one in an overwriting pass (the
+  // gradient holds last step's values, or anything), else 1 (micro-batches and head chunks add).
+  float wgrad_beta(int lin) {
+    const bool overwrite = overwrite_grads && grad_overwritable(lin) && grad_written[lin] == 0;
+    grad_written[lin] = 1;
+    return overwrite ? 0.0f : 1.0f;
   }
   TensorView weight_grad(int lin) const {
     const auto [first, last] = weight_params(lin);
@@ -262,7 +275,7 @@ struct LlamaModel::Impl {
     dg.role = GemmRole::kDgrad;
     GemmOptions wg;
     wg.role = GemmRole::kWgrad;
-    wg.beta = 1.0f;  // accumulate into the fp32 gradient (micro-batches add up)
+    wg.beta = wgrad_beta(lin);  // accumulate into the fp32 gradient, or the step's first write
     if (p.recipe == Recipe::kBF16) {
       if (dx) gemm(ctx, GemmOperand::of(dy), GemmOperand::of(weight(lin)), *dx, dg);
       gemm(ctx, GemmOperand::of(dy), GemmOperand::of(saved.x), weight_grad(lin), wg);
@@ -516,6 +529,8 @@ struct LlamaModel::Impl {
     recompute_weights = opt.recompute_quantized_weights;
     recompute_outputs = opt.recomputes_block_outputs(plan.recipe);
     collect_stats = opt.collect_quant_stats;
+    overwrite_grads = backward && opt.overwrite_linear_grads;
+    grad_written.assign(static_cast<size_t>(num_linears() + 1), 0);
     Tensor tokens = upload_i32(tokens_in, N);
     Tensor x = act({N, D}, adt, dev);
     embedding_fwd(ctx, x, tokens.view().reshape({N}), param(p_embed));
@@ -739,6 +754,36 @@ StepStats LlamaModel::forward_backward(const TensorView& tokens, const TensorVie
                                        const ForwardOptions& opt) {
   LOWBIT_USER_CHECK(grad_scale > 0, "forward_backward needs a positive grad_scale");
   return impl_->run(tokens, &targets, batch, seq_len, grad_scale, opt);
+}
+
+void LlamaModel::zero_grads(bool except_overwritten) {
+  ParamArena& a = *arena_;
+  if (!except_overwritten) {
+    fill_bytes(a.grad_all, 0);
+    return;
+  }
+  const Impl& m = *impl_;
+  std::vector<char> overwritten(a.params().size(), 0);
+  for (int lin = 0; lin <= m.num_linears(); ++lin) {
+    if (!m.grad_overwritable(lin)) continue;
+    const auto [first, last] = m.weight_params(lin);
+    for (int i = first; i <= last; ++i) overwritten[static_cast<size_t>(i)] = 1;
+  }
+  // Runs of adjacent parameters (a block's norm and the alignment gaps around it) in one fill.
+  const std::vector<ParamInfo>& ps = a.params();
+  for (size_t i = 0; i < ps.size();) {
+    if (overwritten[i]) {
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < ps.size() && !overwritten[j]) ++j;
+    const int64_t begin = ps[i].offset, end = ps[j - 1].offset + ps[j - 1].shape.numel();
+    fill_bytes(TensorView(a.grad_all.ptr<float>() + begin, DType::kF32, Shape{end - begin},
+                          a.grad_all.device()),
+               0);
+    i = j;
+  }
 }
 
 StepStats LlamaModel::forward_loss(const TensorView& tokens, const TensorView& targets, int batch,

@@ -26,11 +26,16 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   // Every token's loss gradient is scaled by 1 / (valid targets of the whole step), so the
   // micro-batches add up to the gradient of the step's mean loss.
   const float grad_scale = 1.0f / float(std::max<int64_t>(out.valid, 1));
-  fill_bytes(arena.grad_all, 0);
+  // The first micro-batch's wgrad GEMMs write the linears' gradients outright (beta 0): only
+  // the others (embedding, norms) are zeroed here.
+  model_.zero_grads(/*except_overwritten=*/!micro.empty());
   double loss_sum = 0;
-  for (const MicroBatch& m : micro) {
+  for (size_t i = 0; i < micro.size(); ++i) {
     const NvtxRange mb_range("micro-batch forward+backward");
-    loss_sum += model_.forward_backward(m.tokens, m.targets, B, T, grad_scale, fwd).loss_sum;
+    ForwardOptions o = fwd;
+    o.overwrite_linear_grads = i == 0;
+    const MicroBatch& m = micro[i];
+    loss_sum += model_.forward_backward(m.tokens, m.targets, B, T, grad_scale, o).loss_sum;
   }
   out.loss = loss_sum / double(std::max<int64_t>(out.valid, 1));
   const std::vector<ParamSegment>& segs = arena.segments();
