@@ -251,9 +251,8 @@ TEST(ModelGradientTest, OverwrittenLinearGradsEqualZeroedAndAccumulated) {
             grads[overwrite].insert(grads[overwrite].end(), g + p.offset,
                                     g + p.offset + p.shape.numel());
         }
-        const std::string what =
-            fmt::format("{} head, {}, {} micro-batches", tied ? "tied" : "untied",
-                        recipe_name(r), micro);
+        const std::string what = fmt::format("{} head, {}, {} micro-batches",
+                                             tied ? "tied" : "untied", recipe_name(r), micro);
         ASSERT_EQ(grads[0].size(), grads[1].size()) << what;
         size_t nonfinite = 0;
         for (const float v : grads[0]) nonfinite += std::isfinite(v) ? 0 : 1;
