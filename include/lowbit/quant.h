@@ -62,6 +62,10 @@ struct QuantConfig {
   // into the state's current history row. Null: current scaling.
   DelayedScalingState* delayed = nullptr;
   int delayed_slot = 0;
+  // An f32 source is quantized as RN_bf16(x), the values of its bf16 copy, without that copy
+  // being materialised (a weight quantized from its f32 master: the same codes as quantizing the
+  // bf16 compute copy). Ignored for bf16 sources.
+  bool round_source_to_bf16 = false;
 
   bool effective_pow2() const;
 

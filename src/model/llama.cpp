@@ -193,8 +193,16 @@ struct LlamaModel::Impl {
     if (rowwise ? kept.has_rowwise() : kept.has_columnwise()) return kept;
     const NvtxRange range(linear_name(lin) + (rowwise ? " weight rowwise" : " weight columnwise"));
     QuantizedTensor& out = keep ? kept : tmp;
-    Tensor src;
-    quantize(ctx, weight_source(lin, src), bind(precision(lin).w, lin, 1, rowwise, !rowwise), out);
+    QuantConfig qc = bind(precision(lin).w, lin, 1, rowwise, !rowwise);
+    if (has_compute_weight(lin)) {
+      quantize(ctx, weight(lin), qc, out);
+    } else {
+      // From the f32 master, rounded to bf16 as it is read: the codes of quantizing the bf16
+      // copy weight_source() would make, without writing and reading that copy.
+      const auto [first, last] = weight_params(lin);
+      qc.round_source_to_bf16 = true;
+      quantize(ctx, first == last ? arena.master(first) : arena.master_fused(first, last), qc, out);
+    }
     return out;
   }
 

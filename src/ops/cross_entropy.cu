@@ -261,7 +261,7 @@ CeConfig cross_entropy_default_config(int64_t V) {
 std::vector<CeConfig> cross_entropy_candidates() {
   std::vector<CeConfig> out;
   for (const CeVariant& v : kVariants) {
-    for (int cache_kb : {0, 32, 64, 100})
+    for (int cache_kb : {0, 32, 64, 100, 160, 200, 224})
       out.push_back({v.threads, v.min_blocks, v.unroll, cache_kb << 10});
   }
   return out;

@@ -91,6 +91,38 @@ __device__ __forceinline__ void load_raw8(const float* p, bool full, int valid, 
   }
 }
 
+// An f32 source read as RN_bf16(x) (formats.h f32_to_bf16_rn, the rounding of the bf16 convert
+// kernel): a weight quantized straight from its f32 master holds the values its bf16 compute
+// copy would, without that copy being written and read back (QuantConfig::round_source_to_bf16).
+struct Bf16RoundedF32 {
+  float f;
+};
+__device__ __forceinline__ float round_bf16(float x) { return bf16_to_f32(f32_to_bf16_rn(x)); }
+
+template <>
+struct Raw8<Bf16RoundedF32> {
+  float4 a, b;  // raw f32; rounded where used, so that the loads stay back to back
+  __device__ __forceinline__ float get(int i) const {
+    const float4& h = i < 4 ? a : b;
+    const int j = i & 3;
+    return round_bf16(j == 0 ? h.x : j == 1 ? h.y : j == 2 ? h.z : h.w);
+  }
+};
+
+__device__ __forceinline__ void load_raw8(const Bf16RoundedF32* p, bool full, int valid,
+                                          Raw8<Bf16RoundedF32>& r) {
+  Raw8<float> f;
+  load_raw8(reinterpret_cast<const float*>(p), full, valid, f);
+  r.a = f.a;
+  r.b = f.b;
+}
+
+__device__ __forceinline__ void load8(const Bf16RoundedF32* p, bool full, int valid, float v[8]) {
+  load8(reinterpret_cast<const float*>(p), full, valid, v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = round_bf16(v[i]);
+}
+
 template <typename T>
 __device__ __forceinline__ float load1(const T* p);
 template <>
@@ -100,6 +132,10 @@ __device__ __forceinline__ float load1<uint16_t>(const uint16_t* p) {
 template <>
 __device__ __forceinline__ float load1<float>(const float* p) {
   return *p;
+}
+template <>
+__device__ __forceinline__ float load1<Bf16RoundedF32>(const Bf16RoundedF32* p) {
+  return round_bf16(p->f);
 }
 
 // Elements per 16-byte vector of the source type.

@@ -598,5 +598,26 @@ void fp8_block(const T* x, int64_t M, int64_t K, bool two_d, bool e5m2, float fm
 LOWBIT_INSTANTIATE(uint16_t)
 LOWBIT_INSTANTIATE(float)
 #undef LOWBIT_INSTANTIATE
+// The per-tensor cast reads an f32 master as its bf16 rounding (QuantConfig::round_source_to_bf16).
+template void amax<Bf16RoundedF32>(const Bf16RoundedF32*, int64_t, float*, cudaStream_t);
+template void fp8_cast_transpose<Bf16RoundedF32>(const Bf16RoundedF32*, int64_t, int64_t,
+                                                 const float*, bool, uint8_t*, uint8_t*, float*,
+                                                 float*, float*, cudaStream_t);
+
+namespace {
+// y [n] = RN_bf16(x [n]), the convert kernel's rounding (for the modes that read bf16 only).
+__global__ void round_to_bf16_kernel(const float* __restrict__ x, int64_t n,
+                                     uint16_t* __restrict__ y) {
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * kThreads)
+    y[i] = f32_to_bf16_rn(x[i]);
+}
+}  // namespace
+
+void round_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {
+  if (n == 0) return;
+  round_to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, y);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
 
 }  // namespace lowbit::quant_cuda

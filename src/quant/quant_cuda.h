@@ -30,6 +30,12 @@ bool legacy_kernels();        // quant_kernels_version() == 8
 template <typename T>
 void amax(const T* x, int64_t n, float* amax_out, cudaStream_t stream);
 
+// An f32 source read as RN_bf16(x) (defined in cuda_common.cuh): amax and fp8_cast_transpose
+// take it; the other quantizers read a bf16 copy made by round_to_bf16.
+struct Bf16RoundedF32;
+// y [n] bf16 = RN_bf16(x [n] f32).
+void round_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
+
 // FP8 current scaling: scale = compute_scale_from_amax(*amax), scale_inv = RN(1/scale).
 void current_scale(const float* amax, float fmax, bool pow2, float eps, float* scale,
                    float* scale_inv, cudaStream_t stream);

@@ -20,6 +20,52 @@ Tensor alloc_copy_data(const QuantizedTensor& out, Usage u, Device dev, Tensor* 
   return data;
 }
 
+// FP8 per-tensor scaling (current or delayed); T is also quant_cuda::Bf16RoundedF32.
+template <typename T>
+void run_per_tensor(Context& ctx, const T* src, const TensorView& x, const QuantConfig& cfg,
+                    QuantizedTensor& out) {
+  const int64_t m = x.size(0), k = x.size(1);
+  const Device dev = x.device;
+  cudaStream_t stream = ctx.stream();
+  const bool e5m2 = cfg.dtype == DType::kE5M2;
+  const float fmax = dtype_max_finite(cfg.dtype);
+  auto u8 = [](Tensor& t) { return t.defined() ? t.ptr<uint8_t>() : nullptr; };
+  LOWBIT_USER_CHECK(!cfg.stochastic_rounding,
+                    "stochastic rounding of per-tensor FP8 is not implemented on the GPU; "
+                    "it is available for NVFP4 and MX payloads");
+  out.amax = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+  // Written by the cast kernel (delayed) or the scale kernel (current): no fill needed.
+  Tensor scale_inv = m * k > 0 ? Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace)
+                               : Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+  const float* scale_ptr;
+  Tensor scale;
+  if (cfg.delayed != nullptr) {
+    LOWBIT_USER_CHECK(cfg.delayed->scale().device() == dev,
+                      "delayed scaling: the state lives on {} but the tensor on {}; create "
+                      "the DelayedScalingState on the tensor's device",
+                      cfg.delayed->scale().device().str(), dev.str());
+    scale_ptr = cfg.delayed->scale().ptr<float>() + cfg.delayed_slot;
+  } else {
+    // Current scaling: amax pass, scale, then the cast (formats.md §2.3).
+    scale = Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace);
+    quant_cuda::amax(src, m * k, out.amax.ptr<float>(), stream);
+    quant_cuda::current_scale(out.amax.ptr<float>(), fmax, cfg.effective_pow2(), cfg.amax_epsilon,
+                              scale.ptr<float>(), scale_inv.ptr<float>(), stream);
+    scale_ptr = scale.ptr<float>();
+  }
+  float* amax_out = cfg.delayed != nullptr ? out.amax.ptr<float>() : nullptr;
+  // Delayed scaling: the cast also folds this tensor's amax into the current history row
+  // (max with earlier casts of the step).
+  float* row0 = cfg.delayed != nullptr ? cfg.delayed->amax_history().ptr<float>() + cfg.delayed_slot
+                                       : nullptr;
+  quant_cuda::fp8_cast_transpose(src, m, k, scale_ptr, e5m2, u8(out.rowwise_data),
+                                 u8(out.columnwise_data), scale_inv.ptr<float>(), amax_out, row0,
+                                 stream);
+  // Both copies share the one scale (the tensor is read-only from here on).
+  if (cfg.rowwise) out.rowwise_scale_inv = scale_inv;
+  if (cfg.columnwise) out.columnwise_scale_inv = scale_inv;
+}
+
 template <typename T>
 void run(Context& ctx, const TensorView& x, const QuantConfig& cfg, const QuantStreams& streams,
          QuantizedTensor& out) {
@@ -37,45 +83,7 @@ void run(Context& ctx, const TensorView& x, const QuantConfig& cfg, const QuantS
   if (cfg.columnwise) out.columnwise_data = alloc_copy_data(out, Usage::kColumnwise, dev, cs);
 
   switch (cfg.mode) {
-    case ScalingMode::kPerTensor: {
-      LOWBIT_USER_CHECK(!cfg.stochastic_rounding,
-                        "stochastic rounding of per-tensor FP8 is not implemented on the GPU; "
-                        "it is available for NVFP4 and MX payloads");
-      out.amax = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
-      // Written by the cast kernel (delayed) or the scale kernel (current): no fill needed.
-      Tensor scale_inv = m * k > 0 ? Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace)
-                                   : Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
-      const float* scale_ptr;
-      Tensor scale;
-      if (cfg.delayed != nullptr) {
-        LOWBIT_USER_CHECK(cfg.delayed->scale().device() == dev,
-                          "delayed scaling: the state lives on {} but the tensor on {}; create "
-                          "the DelayedScalingState on the tensor's device",
-                          cfg.delayed->scale().device().str(), dev.str());
-        scale_ptr = cfg.delayed->scale().ptr<float>() + cfg.delayed_slot;
-      } else {
-        // Current scaling: amax pass, scale, then the cast (formats.md §2.3).
-        scale = Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace);
-        quant_cuda::amax(src, m * k, out.amax.ptr<float>(), stream);
-        quant_cuda::current_scale(out.amax.ptr<float>(), fmax, cfg.effective_pow2(),
-                                  cfg.amax_epsilon, scale.ptr<float>(), scale_inv.ptr<float>(),
-                                  stream);
-        scale_ptr = scale.ptr<float>();
-      }
-      float* amax_out = cfg.delayed != nullptr ? out.amax.ptr<float>() : nullptr;
-      // Delayed scaling: the cast also folds this tensor's amax into the current history row
-      // (max with earlier casts of the step).
-      float* row0 = cfg.delayed != nullptr
-                        ? cfg.delayed->amax_history().ptr<float>() + cfg.delayed_slot
-                        : nullptr;
-      quant_cuda::fp8_cast_transpose(src, m, k, scale_ptr, e5m2, u8(out.rowwise_data),
-                                     u8(out.columnwise_data), scale_inv.ptr<float>(), amax_out,
-                                     row0, stream);
-      // Both copies share the one scale (the tensor is read-only from here on).
-      if (cfg.rowwise) out.rowwise_scale_inv = scale_inv;
-      if (cfg.columnwise) out.columnwise_scale_inv = scale_inv;
-      break;
-    }
+    case ScalingMode::kPerTensor: run_per_tensor(ctx, src, x, cfg, out); break;
     case ScalingMode::kBlock1x128:
     case ScalingMode::kBlock128x128: {
       LOWBIT_USER_CHECK(!cfg.stochastic_rounding,
@@ -131,8 +139,22 @@ void quantize_cuda(Context& ctx, const TensorView& x, const QuantConfig& cfg,
   out.shape = x.shape;
   if (x.dtype == DType::kBF16) {
     run<uint16_t>(ctx, x, cfg, streams, out);
-  } else {
+  } else if (!cfg.round_source_to_bf16) {
     run<float>(ctx, x, cfg, streams, out);
+  } else if (cfg.mode == ScalingMode::kPerTensor) {
+    // The cast reads the f32 source and rounds it to bf16 on load: no bf16 copy in memory.
+    if (cfg.rowwise)
+      out.rowwise_data = alloc_copy_data(out, Usage::kRowwise, x.device, &out.rowwise_scale_inv);
+    if (cfg.columnwise)
+      out.columnwise_data =
+          alloc_copy_data(out, Usage::kColumnwise, x.device, &out.columnwise_scale_inv);
+    run_per_tensor(ctx, static_cast<const quant_cuda::Bf16RoundedF32*>(x.data), x, cfg, out);
+  } else {
+    // The other quantizers read bf16: round into a transient copy first.
+    Tensor rounded = Tensor::empty(x.shape, DType::kBF16, x.device, MemCategory::kWorkspace);
+    quant_cuda::round_to_bf16(x.ptr<const float>(), x.numel(), rounded.ptr<uint16_t>(),
+                              ctx.stream());
+    run<uint16_t>(ctx, rounded.view(), cfg, streams, out);
   }
 }
 

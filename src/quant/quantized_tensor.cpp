@@ -2,6 +2,7 @@
 // swizzle, and the device dispatch of quantize / dequantize.
 #include <string>
 
+#include "lowbit/formats.h"
 #include "lowbit/quant.h"
 #include "lowbit/quant/layout.h"
 #include "quant/quant_cuda.h"
@@ -339,6 +340,16 @@ void quantize(Context& ctx, const TensorView& x, const QuantConfig& cfg, Quantiz
   }
   if (x.device.is_cuda()) {
     quantize_cuda(ctx, x, cfg, streams, out);
+  } else if (cfg.round_source_to_bf16 && x.dtype == DType::kF32) {
+    LOWBIT_CHECK(x.is_contiguous(),
+                 "quantize: round_source_to_bf16 needs a contiguous source, "
+                 "got {}",
+                 x.str());
+    Tensor rounded = Tensor::empty(x.shape, DType::kBF16, Device::cpu());
+    const float* xs = x.ptr<const float>();
+    uint16_t* r = rounded.ptr<uint16_t>();
+    for (int64_t i = 0; i < x.numel(); ++i) r[i] = f32_to_bf16_rn(xs[i]);
+    quantize_ref(rounded.view(), cfg, streams, out);
   } else {
     quantize_ref(x, cfg, streams, out);
   }

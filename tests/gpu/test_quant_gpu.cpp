@@ -220,6 +220,61 @@ TEST_F(GpuQuant, Nvfp4FullTileKernelMatchesCpuTwin) {
   }
 }
 
+// An f32 source quantized with round_source_to_bf16 (a weight from its f32 master): the GPU
+// (per-tensor: the cast rounds on load; other modes: through a rounded copy) against the CPU
+// twin, which rounds first. The source's low mantissa bits are set, so that skipping the
+// rounding, or rounding differently, changes codes and amaxes.
+TEST_F(GpuQuant, RoundedF32SourceMatchesCpuTwin) {
+  const std::vector<Case> rounded = {
+      {"fp8_current_e4m3", [] { return QuantConfig::fp8_current(DType::kE4M3); }, 1},
+      {"fp8_current_e5m2_pow2", [] { return QuantConfig::fp8_current(DType::kE5M2, true); }, 1},
+      {"fp8_current_e4m3_rowwise",
+       [] {
+         QuantConfig q = QuantConfig::fp8_current(DType::kE4M3);
+         q.columnwise = false;
+         return q;
+       },
+       1},
+      {"fp8_block_128x128", [] { return QuantConfig::fp8_block_128x128(); }, 1},
+      {"nvfp4_weight", [] { return QuantConfig::nvfp4_weight(); }, 16},
+  };
+  Context cpu_ctx(Device::cpu());
+  Context gpu_ctx(Device::cuda(0));
+  for (const Case& c : rounded) {
+    for (auto [m, k] :
+         std::vector<std::pair<int64_t, int64_t>>{{65, 80}, {96, 160}, {1024, 1024}}) {
+      if (m % c.align != 0 || k % c.align != 0) continue;
+      for (Fill f : {Fill::kNormal, Fill::kNearMax, Fill::kSpecials}) {
+        SCOPED_TRACE(fmt::format("{} {}x{} {} (f32 source)", c.name, m, k, fill_name(f)));
+        const Tensor b = make_source(m, k, f, 5 + m);
+        Tensor src = Tensor::empty({m, k}, DType::kF32, Device::cpu());
+        for (int64_t i = 0; i < m * k; ++i) {
+          // bf16 value · (1 + u·2^-8), u in [-1, 1): most elements leave the bf16 grid.
+          const float u = 2.0f * philox_uniform(77, 2, i) - 1.0f;
+          src.ptr<float>()[i] = bf16_to_f32(b.ptr<uint16_t>()[i]) * (1.0f + u * 0.00390625f);
+        }
+        const Tensor src_gpu = Tensor::copy_of(src.view(), Device::cuda(0));
+        QuantConfig cfg = c.cfg();
+        cfg.round_source_to_bf16 = true;
+        QuantizedTensor want, got;
+        quantize(cpu_ctx, src.view(), cfg, want);
+        quantize(gpu_ctx, src_gpu.view(), cfg, got);
+        gpu_ctx.synchronize();
+        got.validate();
+        for (const std::string& err :
+             {compare_bytes("rowwise_data", want.rowwise_data, got.rowwise_data),
+              compare_bytes("rowwise_scale_inv", want.rowwise_scale_inv, got.rowwise_scale_inv),
+              compare_bytes("columnwise_data", want.columnwise_data, got.columnwise_data),
+              compare_bytes("columnwise_scale_inv", want.columnwise_scale_inv,
+                            got.columnwise_scale_inv),
+              compare_bytes("amax", want.amax, got.amax)}) {
+          EXPECT_TRUE(err.empty()) << err;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(GpuQuant, InvalidShapesAreRejectedLikeOnTheCpu) {
   Tensor src = make_source(65, 80, Fill::kNormal, 1);
   Tensor src_gpu = Tensor::copy_of(src.view(), Device::cuda(0));

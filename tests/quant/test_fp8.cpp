@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "lowbit/quant/layout.h"
@@ -121,6 +122,35 @@ TEST(QuantFp8Current, F32InputAndStrides) {
   for (int64_t i = 0; i < 48; ++i) {
     for (int64_t j = 0; j < 40; ++j) {
       ASSERT_EQ(code_at(qt.rowwise_data, j * 48 + i), code_at(q.rowwise_data, i * 40 + j));
+    }
+  }
+}
+
+TEST(QuantFp8Current, RoundedF32SourceEqualsItsBf16Copy) {
+  // round_source_to_bf16: an f32 source quantizes like its bf16 rounding, in every mode (the test
+  // data leaves the bf16 grid, so the f32 values themselves quantize differently).
+  const Tensor xf = make_f32(64, 128, [](int64_t i, int64_t j) {
+    return float(std::sin(0.37 * double(i * 128 + j)) * 3.0 * (1.0 + 1e-3 * double(j)));
+  });
+  const Tensor xb =
+      make_bf16(64, 128, [&](int64_t i, int64_t j) { return xf.ptr<float>()[i * 128 + j]; });
+  const QuantConfig cfgs[] = {QuantConfig::fp8_current(), QuantConfig::fp8_block_128x128(),
+                              QuantConfig::fp8_block_1x128(), QuantConfig::mx(),
+                              QuantConfig::nvfp4_weight()};
+  for (QuantConfig cfg : cfgs) {
+    SCOPED_TRACE(scaling_mode_name(cfg.mode));
+    const QuantizedTensor want = run(xb, cfg);
+    const QuantizedTensor plain = run(xf, cfg);
+    cfg.round_source_to_bf16 = true;
+    const QuantizedTensor got = run(xf, cfg);
+    ASSERT_EQ(got.rowwise_data.nbytes(), want.rowwise_data.nbytes());
+    EXPECT_EQ(0, std::memcmp(got.rowwise_data.data(), want.rowwise_data.data(),
+                             static_cast<size_t>(want.rowwise_data.nbytes())));
+    EXPECT_EQ(0, std::memcmp(got.rowwise_scale_inv.data(), want.rowwise_scale_inv.data(),
+                             static_cast<size_t>(want.rowwise_scale_inv.nbytes())));
+    // Per tensor, the scale follows the amax, which the rounding moves.
+    if (cfg.mode == ScalingMode::kPerTensor) {
+      EXPECT_NE(plain.rowwise_scale_inv.ptr<float>()[0], want.rowwise_scale_inv.ptr<float>()[0]);
     }
   }
 }
