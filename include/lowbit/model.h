@@ -261,8 +261,9 @@ class LlamaModel {
                              int seq_len, float grad_scale, const ForwardOptions& opt = {});
   // Zeroes the gradients before a step's first micro-batch: all of them, or with
   // `except_overwritten` only those that a forward_backward with overwrite_linear_grads does not
-  // write outright (the embedding, the norms, and a head tied to the embedding) — the weight
-  // gradients of the linears, most of the arena, then skip a memset and a read in their GEMMs.
+  // write outright (the norms, and the embedding unless the head is tied to it) — the weight
+  // gradients of the linears and the head, most of the arena, then skip a memset and a read in
+  // their GEMMs.
   void zero_grads(bool except_overwritten);
   // Forward only: the loss (eval).
   StepStats forward_loss(const TensorView& tokens, const TensorView& targets, int batch,

@@ -131,14 +131,12 @@ struct LlamaModel::Impl {
   bool has_compute_weight(int lin) const {
     return adt == DType::kF32 || arena.has_compute(weight_params(lin).first);
   }
-  // Whether linear `lin`'s weight gradient is written outright by its wgrad GEMMs in a pass
-  // with overwrite_linear_grads: every linear but a head tied to the embedding (the embedding's
-  // scatter-add shares that gradient).
-  bool grad_overwritable(int lin) const { return !(lin == head_index() && p_head == p_embed); }
-  // beta of linear `lin`'s next wgrad GEMM: 0 for its first one in an overwriting pass (the
-  // gradient holds last step's values, or anything), else 1 (micro-batches and head chunks add).
+  // beta of linear `lin`'s next wgrad GEMM: 0 for its first one in a pass with
+  // overwrite_linear_grads (the gradient holds last step's values, or anything), else 1
+  // (micro-batches and head chunks add). A head tied to the embedding is overwritten too: its
+  // backward runs before the embedding's scatter-add, which then adds to it.
   float wgrad_beta(int lin) {
-    const bool overwrite = overwrite_grads && grad_overwritable(lin) && grad_written[lin] == 0;
+    const bool overwrite = overwrite_grads && grad_written[lin] == 0;
     grad_written[lin] = 1;
     return overwrite ? 0.0f : 1.0f;
   }
@@ -773,7 +771,6 @@ void LlamaModel::zero_grads(bool except_overwritten) {
   const Impl& m = *impl_;
   std::vector<char> overwritten(a.params().size(), 0);
   for (int lin = 0; lin <= m.num_linears(); ++lin) {
-    if (!m.grad_overwritable(lin)) continue;
     const auto [first, last] = m.weight_params(lin);
     for (int i = first; i <= last; ++i) overwritten[static_cast<size_t>(i)] = 1;
   }

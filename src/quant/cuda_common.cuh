@@ -210,4 +210,63 @@ __device__ __forceinline__ void block_amax_to_global(float local, float* out) {
   }
 }
 
+// Columnwise store of a tile of codes: tile [ROWS][pitch] bytes (ROWS a multiple of 32) holds
+// the codes of source rows m0 .. m0 + ROWS and columns k0 .. k0 + cols; writes
+// qt [K, M][k][m] = tile[m − m0][k − k0] for m < M. Task c → 4-column group cg, 16-row segment
+// seg: the thread reads the 16 rows' 4-byte words of columns 4cg .. 4cg + 3 (pitch ≡ 4 mod 8
+// keeps the reads 4-byte aligned and puts the two halves of a pair, 16 rows apart, on different
+// banks), transposes each 4×4 block of bytes with byte permutes, and writes 16 bytes to each of
+// its 4 output rows. Lanes 2j and 2j+1 take the two halves of one 32-byte sector of an output
+// row, so each store instruction of a warp writes 16 whole sectors. Bytes of columns ≥ cols are
+// read (the pitch leaves room) but not written. vec: M % 16 == 0 and qt 16-byte aligned (then
+// k·M + m is a multiple of 16). Every thread of the block must call it (after a barrier that
+// makes the tile visible).
+template <int ROWS>
+__device__ __forceinline__ void store_transposed(uint8_t* __restrict__ qt,
+                                                 const uint8_t* __restrict__ tile, int pitch,
+                                                 int64_t m0, int64_t M, int64_t k0, int cols,
+                                                 bool vec) {
+  static_assert(ROWS % 32 == 0, "tiles hold whole 32-byte sectors of the transposed rows");
+  const int groups = (cols + 3) / 4;
+  for (int c = threadIdx.x; c < groups * (ROWS / 16); c += blockDim.x) {
+    const int pair = c >> 1;
+    const int cg = pair % groups, seg = (pair / groups) * 32 + (c & 1) * 16;
+    const int64_t m = m0 + seg;
+    if (m >= M) continue;
+    // out[j][b]: rows seg + 4b .. seg + 4b + 3 of column 4cg + j, one byte per row.
+    uint32_t out[4][4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint8_t* t = tile + (seg + 4 * b) * pitch + 4 * cg;
+      const uint32_t r0 = *reinterpret_cast<const uint32_t*>(t);
+      const uint32_t r1 = *reinterpret_cast<const uint32_t*>(t + pitch);
+      const uint32_t r2 = *reinterpret_cast<const uint32_t*>(t + 2 * pitch);
+      const uint32_t r3 = *reinterpret_cast<const uint32_t*>(t + 3 * pitch);
+      const uint32_t t0 = __byte_perm(r0, r1, 0x5140);  // r0.0 r1.0 r0.1 r1.1
+      const uint32_t t1 = __byte_perm(r0, r1, 0x7362);  // r0.2 r1.2 r0.3 r1.3
+      const uint32_t t2 = __byte_perm(r2, r3, 0x5140);
+      const uint32_t t3 = __byte_perm(r2, r3, 0x7362);
+      out[0][b] = __byte_perm(t0, t2, 0x5410);  // column 0: r0.0 r1.0 r2.0 r3.0
+      out[1][b] = __byte_perm(t0, t2, 0x7632);
+      out[2][b] = __byte_perm(t1, t3, 0x5410);
+      out[3][b] = __byte_perm(t1, t3, 0x7632);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (4 * cg + j >= cols) break;
+      uint8_t* dst = qt + (k0 + 4 * cg + j) * M + m;
+      if (vec && m + 16 <= M) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(out[j][0], out[j][1], out[j][2], out[j][3]);
+      } else {
+        // The last, partial segment of the tensor: rows m .. M − 1 only (the tile rows beyond M
+        // were never written).
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          if (m + i < M) dst[i] = (out[j][i / 4] >> (8 * (i % 4))) & 0xFF;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace lowbit::quant_cuda

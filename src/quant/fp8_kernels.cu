@@ -72,8 +72,7 @@ __global__ void __launch_bounds__(kThreads)
                               float* scale_inv_out,      // [1] or null
                               float* amax_out,           // [1], max-accumulated, or null
                               float* amax_fold) {        // [1], max-accumulated, or null
-  // Codes of the tile; rows padded by 4 bytes so that the two lanes writing the halves of one
-  // 32-byte sector (rows 16 apart, same column) read different banks.
+  // Codes of the tile; rows padded to a pitch ≡ 4 (mod 8) bytes, as store_transposed wants.
   __shared__ __align__(16) uint8_t tile[kTM][kTK + 4];
   const float scale = *scale_ptr;
   // blockIdx.x walks M: consecutive blocks write adjacent halves of the same transposed rows.
@@ -127,31 +126,11 @@ __global__ void __launch_bounds__(kThreads)
     reinterpret_cast<uint32_t*>(&tile[r][cc])[1] = codes.y;
   }
   if (qt != nullptr) {
-    __syncthreads();
-    // Columnwise: task c → column kk, 16-row segment; lanes 2t and 2t+1 take the two halves of
-    // one 32-byte sector of output row k, so every store instruction writes whole sectors (a
-    // warp: 16 neighbouring columns × 32 bytes).
-    const bool vec_t = kFull || (M % 16) == 0;
-    for (int c = threadIdx.x; c < kTK * (kTM / 16); c += kThreads) {
-      const int pair = c >> 1;
-      const int kk = pair % kTK, seg = (pair / kTK) * 32 + (c & 1) * 16;
-      const int64_t k = k0 + kk, m = m0 + seg;
-      if (!kFull && (k >= K || m >= M)) continue;
-      uint32_t w[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[i] = uint32_t(tile[seg + 4 * i][kk]) | (uint32_t(tile[seg + 4 * i + 1][kk]) << 8) |
-               (uint32_t(tile[seg + 4 * i + 2][kk]) << 16) |
-               (uint32_t(tile[seg + 4 * i + 3][kk]) << 24);
-      }
-      if (kFull || (vec_t && m + 16 <= M)) {
-        *reinterpret_cast<uint4*>(qt + k * M + m) = make_uint4(w[0], w[1], w[2], w[3]);
-      } else {
-        for (int i = 0; i < 16 && m + i < M; ++i) {
-          qt[k * M + m + i] = (w[i / 4] >> (8 * (i % 4))) & 0xFF;
-        }
-      }
-    }
+    __syncthreads();  // the whole tile is staged
+    // Columnwise: 4-byte shared reads and 4×4 byte transposes, whole 32-byte sectors per store.
+    const int cols = kFull ? kTK : int(K - k0 < kTK ? K - k0 : kTK);
+    const bool vec_t = (M % 16) == 0 && reinterpret_cast<uintptr_t>(qt) % 16 == 0;
+    store_transposed<kTM>(qt, &tile[0][0], kTK + 4, m0, M, k0, cols, vec_t);
   }
   block_amax_to_global(local_amax, amax_out);
   block_amax_to_global(local_amax, amax_fold);
