@@ -117,8 +117,8 @@ __global__ void __launch_bounds__(512)
 // cross-warp order in group_sum), so rstd and the bf16 y are bit-identical to rmsnorm_fwd's. The
 // bf16 value of y is what gets quantized (quantize(y) reads y back as bf16). Rowwise codes go
 // straight to q; for the columnwise copy they are staged in shared memory and the tile is written
-// transposed at the end (store_transposed: whole 32-byte sectors of qt's rows). x of a group's
-// next kDepth rows is in flight while the current one is reduced.
+// transposed at the end (store_transposed: whole 32-byte sectors of qt's rows). x of a group's next
+// row is loaded while the current one is reduced.
 constexpr int kQRows = 32;
 
 // block_sum of ops_cuda.cuh over the wpg warps of group g only (named barrier g + 1): the same
@@ -175,41 +175,34 @@ __global__ void __launch_bounds__(512)
       }
     }
   };
-  // kDepth rows of x in flight per group: a row's load is issued kDepth rows before its
-  // reduction, so the serial chain of a row (reduce, scale, quantize, store) does not wait on
-  // HBM latency. Each group runs kQRows / groups iterations, a multiple of kDepth (groups is a
-  // power of two ≤ 8, so that is ≥ 4), and every thread of a group the same ones, so the group
-  // barriers in group_sum are reached by all of its threads.
-  constexpr int kDepth = VPT <= 2 ? 4 : 2;  // VPT 4 (D > 8192): 2 rows, or the registers spill
-  Raw<8> xv[kDepth][VPT];
-#pragma unroll
-  for (int b = 0; b < kDepth; ++b) load_x(g + b * groups, xv[b]);
+  Raw<8> xv[VPT];
+  load_x(g, xv);
   float local_amax = 0.0f;
-  for (int r0 = g; r0 < kQRows; r0 += kDepth * groups) {
+  // Every group runs kQRows / groups iterations (groups divides kQRows), so the group barriers
+  // in group_sum are reached by all of its threads.
+  for (int r = g; r < kQRows; r += groups) {
+    Raw<8> xn[VPT];
+    load_x(r + groups, xn);
+    const float ss = group_sum(sumsq_chunks<8, VPT>(xv), scratch, g, wpg, group_threads);
+    const int64_t row = n0 + r;
+    if (row < n_rows) {
+      const float rs = rstd_of(ss, d, eps);
+      if (rstd != nullptr && t == 0) rstd[row] = rs;
 #pragma unroll
-    for (int b = 0; b < kDepth; ++b) {
-      const int r = r0 + b * groups;
-      const float ss = group_sum(sumsq_chunks<8, VPT>(xv[b]), scratch, g, wpg, group_threads);
-      const int64_t row = n0 + r;
-      if (row < n_rows) {
-        const float rs = rstd_of(ss, d, eps);
-        if (rstd != nullptr && t == 0) rstd[row] = rs;
+      for (int k = 0; k < VPT; ++k) {
+        const int c = (t + k * group_threads) * 8;
+        if (c >= d) continue;
+        // y as rmsnorm_fwd computes it, before its rounding to bf16.
+        float yf[8];
 #pragma unroll
-        for (int k = 0; k < VPT; ++k) {
-          const int c = (t + k * group_threads) * 8;
-          if (c >= d) continue;
-          // y as rmsnorm_fwd computes it, before its rounding to bf16.
-          float yf[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            yf[i] = __fmul_rn(__fmul_rn(xv[b][k].get(i), rs), wv[k].get(i));
-          fp8_epilogue_chunk8<kCol>(yf, scale, ep.e5m2, y != nullptr ? y + row * d + c : nullptr,
-                                    ep.q != nullptr ? ep.q + row * d + c : nullptr,
-                                    tile + r * pitch + c, local_amax);
-        }
+        for (int i = 0; i < 8; ++i) yf[i] = __fmul_rn(__fmul_rn(xv[k].get(i), rs), wv[k].get(i));
+        fp8_epilogue_chunk8<kCol>(yf, scale, ep.e5m2, y != nullptr ? y + row * d + c : nullptr,
+                                  ep.q != nullptr ? ep.q + row * d + c : nullptr,
+                                  tile + r * pitch + c, local_amax);
       }
-      load_x(r + kDepth * groups, xv[b]);  // the row kDepth rows on (zeros past the tile)
     }
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) xv[k] = xn[k];
   }
   if constexpr (kCol) {
     __syncthreads();  // the whole tile is staged
