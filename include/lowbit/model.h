@@ -123,7 +123,8 @@ class ParamArena {
  public:
   // `keeps_compute(name)` says which parameters keep a persistent bf16 compute copy (all when
   // empty). The others — weights that reach the GEMMs only quantized — are converted from the
-  // master copy when needed (LlamaModel quantizes them from a transient bf16 copy).
+  // master copy when needed (LlamaModel quantizes them from the master, rounded to bf16 as it is
+  // read: QuantConfig::round_source_to_bf16).
   ParamArena(const ModelConfig& cfg, Device dev,
              const std::function<bool(const std::string&)>& keeps_compute = {});
   const std::vector<ParamInfo>& params() const { return params_; }

@@ -252,10 +252,15 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
           std::printf("%-6s %-12s error: %s\n", r.preset.c_str(), r.recipe.c_str(),
                       r.error.c_str());
         } else {
-          std::printf("%-6s %-12s %4dx%-4d %10.1f %12.0f %6.1f%% %8.2f GiB %7.2fx %7.2fx\n",
-                      r.preset.c_str(), r.recipe.c_str(), r.batch, r.seq_len, r.step_ms,
-                      r.tokens_per_s, r.mfu * 100, r.peak_mem_bytes / 1073741824.0, r.speed_vs_bf16,
-                      r.mem_vs_bf16);
+          // Unknown values (no peak FLOP/s for this device, no bf16 row to compare with): "-".
+          auto known = [](double v, const char* f) {
+            return v >= 0 ? fmt::format(fmt::runtime(f), v) : std::string("-");
+          };
+          std::printf("%-6s %-12s %4dx%-4d %10.1f %12.0f %7s %8.2f GiB %8s %8s\n", r.preset.c_str(),
+                      r.recipe.c_str(), r.batch, r.seq_len, r.step_ms, r.tokens_per_s,
+                      known(r.mfu * 100, "{:.1f}%").c_str(), r.peak_mem_bytes / 1073741824.0,
+                      known(r.speed_vs_bf16, "{:.2f}x").c_str(),
+                      known(r.mem_vs_bf16, "{:.2f}x").c_str());
           if (r.gpu_busy >= 0) {
             std::printf("       GPU busy %.1f%% of the timed wall time (kernel table: %s)\n",
                         r.gpu_busy * 100, t->kernel_trace.c_str());

@@ -632,7 +632,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const PrecisionPlan& plan, Contex
                     cfg_.n_layers * kLinearsPerBlock);
   // A linear's weight keeps a bf16 compute copy only when some GEMM reads it in bf16: bf16
   // linears, and the embedding / head (the embedding lookup and generation read them in bf16).
-  // Quantized block linears are quantized from a transient copy (Impl::weight_source).
+  // Quantized block linears are quantized from the f32 master, rounded to bf16 on load.
   const std::function<bool(const std::string&)> keeps_compute = [this](const std::string& name) {
     static const std::pair<const char*, LinearKind> kinds[] = {
         {".self_attn.q_proj.", LinearKind::kQKV}, {".self_attn.k_proj.", LinearKind::kQKV},
