@@ -314,11 +314,15 @@ struct SyncOnExit {
 // (cuBLASLt's order breaks near-ties: a later candidate must be kTuneMargin faster), or -1 when
 // the stream is being captured into a CUDA graph (no synchronisation there; decide later).
 //
-// The candidates write a scratch D, allocated here and freed before returning; C is the
-// caller's out (read when beta ≠ 0, never written), the operands, scales, bias, alpha/beta and
-// workspace are the call's own. A candidate whose cublasLtMatmul fails is skipped; if none
-// runs, or no memory is left for the scratch output, the first heuristic choice is kept (0).
-// `timed` tells whether the answer comes from timing. Synchronises the stream.
+// With a zero host beta the candidates write the caller's D itself: nothing reads its old
+// values and the call writes it again after the selection. Otherwise (the beta term reads D,
+// or beta lives on the device) they write a scratch D, allocated here and freed before
+// returning; C is then the caller's out (read, never written). Writing in place keeps a
+// plan's first call from holding a second output-sized buffer (a 1 GB logits chunk at 1b)
+// next to the step's activations. The operands, scales, bias, alpha/beta and workspace are the
+// call's own. A candidate whose cublasLtMatmul fails is skipped; if none runs, or no memory is
+// left for the scratch output, the first heuristic choice is kept (0). `timed` tells whether
+// the answer comes from timing. Synchronises the stream.
 int time_candidates(Context& ctx, cublasLtHandle_t lt, const Plan& plan, const LtProblem& p,
                     bool* timed) {
   *timed = false;
@@ -328,19 +332,24 @@ int time_candidates(Context& ctx, cublasLtHandle_t lt, const Plan& plan, const L
   if (capture != cudaStreamCaptureStatusNone) return -1;
   const CurrentDevice device(ctx.device().index);
 
-  const size_t esz = p.d_dtype == DType::kBF16 ? 2 : 4;
-  const size_t bytes = (size_t(p.ldd) * size_t(p.n - 1) + size_t(p.m)) * esz;
+  const bool in_place = !p.device_pointers && *p.beta == 0.0f;
   Tensor scratch;
-  try {
-    scratch = Tensor::empty(Shape{static_cast<int64_t>(bytes)}, DType::kU8, ctx.device(),
-                            MemCategory::kWorkspace);
-  } catch (const UserError&) {
-    return 0;  // out of device memory: keep the heuristic's first choice
+  void* d_out = p.d;
+  if (!in_place) {
+    const size_t esz = p.d_dtype == DType::kBF16 ? 2 : 4;
+    const size_t bytes = (size_t(p.ldd) * size_t(p.n - 1) + size_t(p.m)) * esz;
+    try {
+      scratch = Tensor::empty(Shape{static_cast<int64_t>(bytes)}, DType::kU8, ctx.device(),
+                              MemCategory::kWorkspace);
+    } catch (const UserError&) {
+      return 0;  // out of device memory: keep the heuristic's first choice
+    }
+    d_out = scratch.data();
   }
   const SyncOnExit sync{stream};  // destroyed before `scratch`
   auto launch = [&](int i) {
     return cublasLtMatmul(lt, plan.desc, p.alpha, p.a.ptr, plan.a, p.b.ptr, plan.b, p.beta,
-                          c_ptr(p), plan.cd, scratch.data(), plan.cd, &plan.candidates[i].algo,
+                          c_ptr(p), plan.cd, d_out, plan.cd, &plan.candidates[i].algo,
                           p.workspace, kLtWorkspaceBytes, stream);
   };
   // One call of each candidate (module loading), then one more timed alone to size the bursts.
