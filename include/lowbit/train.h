@@ -50,8 +50,10 @@ struct TrainOptions {
   // quantizing each where it is used (more memory; fewer conversions with several
   // micro-batches).
   bool keep_quantized_weights = false;
-  // See ForwardOptions::recompute_block_outputs (auto: on for NVFP4).
+  // See ForwardOptions::recompute_block_outputs (auto: every block for NVFP4, the first
+  // ⌈L/16⌉ for the other quantized recipes).
   ForwardOptions::Recompute recompute_block_outputs = ForwardOptions::Recompute::kAuto;
+  int recompute_first_blocks = 0;  // with Recompute::kFirst
   int loss_chunk_rows = 4096;
 
   // Run control.

@@ -94,8 +94,7 @@ std::vector<TrainBenchRow> run_train_bench(const TrainBenchOptions& opt) {
         fo.activation_checkpointing = opt.activation_checkpointing;
         fo.recompute_quantized_inputs = !opt.keep_quantized_inputs;
         fo.recompute_quantized_weights = !opt.keep_quantized_weights;
-        fo.recompute_block_outputs =
-            ForwardOptions::recompute_from_name(opt.recompute_block_outputs);
+        fo.set_recompute_from_name(opt.recompute_block_outputs);
         for (int s = 0; s < opt.warmup_steps; ++s) {
           ac.step = s + 1;
           const StepOutcome o = runner.step(micro, c.batch, c.seq_len, ac, 1.0f, fo);

@@ -208,9 +208,10 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                       "Keep the quantized weights for the whole step instead of per layer");
   train_cmd
       ->add_option("--recompute_block_outputs", t->recompute_block_outputs,
-                   "auto|on|off: recompute the blocks' qkv and gate_up outputs in the backward "
-                   "(auto = on for nvfp4)")
-      ->check(CLI::IsMember({"auto", "on", "off"}))
+                   "auto|on|off|N: recompute the qkv and gate_up outputs of every block, none, "
+                   "or the first N in the backward (auto: every block for nvfp4, the first "
+                   "ceil(L/16) for the other quantized recipes)")
+      ->check(recompute_setting_validator())
       ->capture_default_str();
   train_cmd->add_option("--json-out", t->json_out, "Also write one JSON object per row");
   train_cmd->add_option("--kernel-trace", t->kernel_trace,

@@ -90,6 +90,20 @@ void resolve_recipe_flags(TrainFlags& f) {
 
 }  // namespace
 
+CLI::Validator recompute_setting_validator() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          ForwardOptions o;
+          o.set_recompute_from_name(v);
+          return "";
+        } catch (const UserError& e) {
+          return e.what();
+        }
+      },
+      "auto|on|off|N");
+}
+
 void add_train_command(CLI::App& app, CommandAction& action) {
   auto flags = std::make_shared<TrainFlags>();
   TrainOptions& o = flags->opt;
@@ -166,12 +180,16 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_option_function<std::string>(
          "--recompute_block_outputs",
          [&o](const std::string& v) {
-           o.recompute_block_outputs = ForwardOptions::recompute_from_name(v);
+           ForwardOptions fo;
+           fo.set_recompute_from_name(v);
+           o.recompute_block_outputs = fo.recompute_block_outputs;
+           o.recompute_first_blocks = fo.recompute_first_blocks;
          },
-         "auto|on|off: drop each block's qkv and gate_up outputs after the forward and "
-         "recompute them in the backward (bit-identical, less memory, two more GEMMs per "
-         "block); auto = on for nvfp4")
-      ->check(CLI::IsMember({"auto", "on", "off"}));
+         "auto|on|off|N: drop the qkv and gate_up outputs of every block, none, or the first "
+         "N after the forward and recompute them in the backward (bit-identical, less memory, "
+         "two more GEMMs per block); auto = every block for nvfp4, the first ceil(L/16) for "
+         "the other quantized recipes, none for bf16")
+      ->check(recompute_setting_validator());
   // Run control.
   cmd->add_option("--seed", o.seed, "Seed of initialisation, data order and rounding")
       ->capture_default_str();

@@ -21,4 +21,8 @@ void add_train_command(CLI::App& app, CommandAction& action);
 void add_eval_command(CLI::App& app, CommandAction& action);
 void add_generate_command(CLI::App& app, CommandAction& action);
 
+// Checks a --recompute_block_outputs value (auto, on, off or a block count) at parse time, so a
+// bad one is a usage error naming the flag.
+CLI::Validator recompute_setting_validator();
+
 }  // namespace lowbit::cli

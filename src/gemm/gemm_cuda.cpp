@@ -349,8 +349,8 @@ int time_candidates(Context& ctx, cublasLtHandle_t lt, const Plan& plan, const L
   const SyncOnExit sync{stream};  // destroyed before `scratch`
   auto launch = [&](int i) {
     return cublasLtMatmul(lt, plan.desc, p.alpha, p.a.ptr, plan.a, p.b.ptr, plan.b, p.beta,
-                          c_ptr(p), plan.cd, d_out, plan.cd, &plan.candidates[i].algo,
-                          p.workspace, kLtWorkspaceBytes, stream);
+                          c_ptr(p), plan.cd, d_out, plan.cd, &plan.candidates[i].algo, p.workspace,
+                          kLtWorkspaceBytes, stream);
   };
   // One call of each candidate (module loading), then one more timed alone to size the bursts.
   const int n = static_cast<int>(plan.candidates.size());

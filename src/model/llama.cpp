@@ -75,7 +75,7 @@ struct LlamaModel::Impl {
   std::vector<Tensor> dense;
   bool recompute_inputs = true;    // ForwardOptions::recompute_quantized_inputs of this pass
   bool recompute_weights = true;   // ForwardOptions::recompute_quantized_weights of this pass
-  bool recompute_outputs = false;  // ForwardOptions::recompute_block_outputs, resolved
+  int recompute_upto = 0;          // blocks l < this drop their outputs (recompute_block_outputs)
   bool collect_stats = false;      // ForwardOptions::collect_quant_stats of this pass
   bool overwrite_grads = false;    // ForwardOptions::overwrite_linear_grads of this pass
   std::vector<char> grad_written;  // [L·4 + 1] the linear's gradient was written this pass
@@ -431,12 +431,13 @@ struct LlamaModel::Impl {
       s->x_in = x;
       s->rstd1 = std::move(rstd1);
       s->rstd2 = std::move(rstd2);
-      // With recompute_outputs the backward remakes qkv and gu (recompute_output).
-      if (!recompute_outputs) s->qkv = std::move(qkv);
+      // Blocks before recompute_upto: the backward remakes qkv and gu (recompute_output).
+      const bool keep_outputs = l >= recompute_upto;
+      if (keep_outputs) s->qkv = std::move(qkv);
       s->att = std::move(att);
       s->lse = std::move(lse);
       s->x_mid = std::move(x_mid);
-      if (!recompute_outputs) s->gu = std::move(gu);
+      if (keep_outputs) s->gu = std::move(gu);
       s->complete = true;
     }
     return out;
@@ -533,7 +534,7 @@ struct LlamaModel::Impl {
     const bool backward = grad_scale > 0;
     recompute_inputs = opt.recompute_quantized_inputs;
     recompute_weights = opt.recompute_quantized_weights;
-    recompute_outputs = opt.recomputes_block_outputs(plan.recipe);
+    recompute_upto = opt.recomputed_blocks(plan.recipe, cfg.n_layers);
     collect_stats = opt.collect_quant_stats;
     overwrite_grads = backward && opt.overwrite_linear_grads;
     grad_written.assign(static_cast<size_t>(num_linears() + 1), 0);
@@ -603,13 +604,13 @@ struct LlamaModel::Impl {
       BlockSaved& s = saved[l];
       if (!s.complete) {  // activation checkpointing: recompute the block's forward
         Tensor x_in = s.x_in;
-        const bool collecting = collect_stats;    // the forward already counted this block
-        const bool dropping = recompute_outputs;  // keep what this recompute makes
+        const bool collecting = collect_stats;  // the forward already counted this block
+        const int dropping = recompute_upto;    // keep what this recompute makes
         collect_stats = false;
-        recompute_outputs = false;
+        recompute_upto = 0;
         block_fwd(l, x_in, B, T, &s);
         collect_stats = collecting;
-        recompute_outputs = dropping;
+        recompute_upto = dropping;
       }
       block_bwd(l, s, dx, B, T);
     }
@@ -827,12 +828,37 @@ std::vector<float> LlamaModel::last_logits(const TensorView& tokens, int batch, 
   return std::vector<float>(host.ptr<float>(), host.ptr<float>() + batch * V);
 }
 
-ForwardOptions::Recompute ForwardOptions::recompute_from_name(const std::string& name) {
-  if (name == "auto") return Recompute::kAuto;
-  if (name == "on") return Recompute::kOn;
-  if (name == "off") return Recompute::kOff;
-  throw UserError(
-      fmt::format("unknown recompute setting '{}': use auto (on for NVFP4), on or off", name));
+void ForwardOptions::set_recompute_from_name(const std::string& name) {
+  if (name == "auto" || name == "on" || name == "off") {
+    recompute_block_outputs = name == "auto" ? Recompute::kAuto
+                              : name == "on" ? Recompute::kOn
+                                             : Recompute::kOff;
+    recompute_first_blocks = 0;
+    return;
+  }
+  const bool digits =
+      !name.empty() && name.size() <= 6 &&
+      std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits) {
+    throw UserError(fmt::format(
+        "unknown recompute setting '{}': use auto (every block for nvfp4, the first ⌈L/16⌉ for "
+        "the other quantized recipes), on, off, or a number of leading blocks",
+        name));
+  }
+  recompute_block_outputs = Recompute::kFirst;
+  recompute_first_blocks = std::stoi(name);
+}
+
+int ForwardOptions::recomputed_blocks(Recipe plan_recipe, int n_layers) const {
+  switch (recompute_block_outputs) {
+    case Recompute::kOn: return n_layers;
+    case Recompute::kOff: return 0;
+    case Recompute::kFirst: return std::clamp(recompute_first_blocks, 0, n_layers);
+    case Recompute::kAuto: break;
+  }
+  if (plan_recipe == Recipe::kNVFP4) return n_layers;
+  if (plan_recipe == Recipe::kBF16) return 0;
+  return std::min(n_layers, (n_layers + 15) / 16);
 }
 
 }  // namespace lowbit

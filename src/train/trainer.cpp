@@ -224,10 +224,17 @@ TrainResult train(const TrainOptions& options) {
   {
     ForwardOptions fo;
     fo.recompute_block_outputs = opt.recompute_block_outputs;
-    if (fo.recomputes_block_outputs(plan.recipe)) {
+    fo.recompute_first_blocks = opt.recompute_first_blocks;
+    const int n = fo.recomputed_blocks(plan.recipe, mcfg.n_layers);
+    if (n == mcfg.n_layers) {
       std::printf(
           "memory: each block's qkv and gate_up outputs are recomputed in the backward "
           "(--recompute_block_outputs off keeps them)\n");
+    } else if (n > 0) {
+      std::printf(
+          "memory: the qkv and gate_up outputs of the first %d of %d blocks are recomputed in "
+          "the backward (--recompute_block_outputs off keeps them, on drops every block's)\n",
+          n, mcfg.n_layers);
     }
   }
 
@@ -347,6 +354,7 @@ TrainResult train(const TrainOptions& options) {
     fo.recompute_quantized_inputs = !opt.keep_quantized_inputs;
     fo.recompute_quantized_weights = !opt.keep_quantized_weights;
     fo.recompute_block_outputs = opt.recompute_block_outputs;
+    fo.recompute_first_blocks = opt.recompute_first_blocks;
     const bool stats_step = opt.stats_every > 0 && (step + 1) % opt.stats_every == 0;
     fo.collect_quant_stats = stats_step && model.plan().any_quantized();
     fo.loss_chunk_rows = opt.loss_chunk_rows;

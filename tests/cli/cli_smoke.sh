@@ -234,12 +234,12 @@ run 2 eval "$tmp/no-checkpoint"
 grep -q "not a lowbit checkpoint" "$tmp/err" || fail "eval of a missing checkpoint: unclear error"
 printf 'In the beginning was the word, and the word was with the text.\n%.0s' $(seq 1 400) \
   >"$tmp/corpus.txt"
-run 0 train --cpu --use_fp8 --data "$tmp/corpus.txt" --vocab_size 300 --n_layers 1 \
+run 0 train --cpu --use_fp8 --data "$tmp/corpus.txt" --vocab_size 300 --n_layers 2 \
   --batch_size 2 --seq_len 32 --total_steps 3 --eval_every 3 --sample_tokens 5 \
   --sample_prompt "In the" --out "$tmp/run"
 grep -q "recipe fp8" "$tmp/out" || fail "train: the precision plan was not printed"
-! grep -q "recomputed in the backward" "$tmp/out" ||
-  fail "train fp8: block outputs reported as recomputed (auto is on for nvfp4 only)"
+grep -q "first 1 of 2 blocks are recomputed" "$tmp/out" ||
+  fail "train fp8: the first-block output recompute (auto: ceil(L/16) blocks) was not reported"
 grep -q "sample:" "$tmp/out" || fail "train: no sample printed"
 [[ -s $tmp/run/metrics.jsonl && -s $tmp/run/checkpoint/model.safetensors ]] ||
   fail "train: no metrics.jsonl or checkpoint"
@@ -255,7 +255,7 @@ grep -q "full window per token" "$tmp/err" || fail "generate --no_kv_cache: not 
 run 0 generate "$tmp/run/checkpoint" --cpu --prompt "In the" --max_tokens 150 --temperature 0
 run 2 generate "$tmp/run/checkpoint" --cpu --max_tokens -1
 grep -q -- "--max_tokens" "$tmp/err" || fail "generate --max_tokens -1: the flag is not named"
-run 0 train --cpu --data "$tmp/corpus.txt" --n_layers 1 --batch_size 2 --seq_len 32 \
+run 0 train --cpu --data "$tmp/corpus.txt" --n_layers 2 --batch_size 2 --seq_len 32 \
   --total_steps 5 --out "$tmp/run" --resume "$tmp/run/checkpoint" --sample_tokens 0
 grep -q "resumed from" "$tmp/out" || fail "train --resume: no resume line"
 

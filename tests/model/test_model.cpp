@@ -302,16 +302,20 @@ TEST(ModelGradientTest, RecomputedBlockOutputsGiveIdenticalGradients) {
   const Batch b = make_batch(B, T, c.vocab_size, 7);
   using R = ForwardOptions::Recompute;
   for (Recipe r : kAllRecipes) {
-    // 0: off; 1: on; 2: on with activation checkpointing; 3: auto.
-    std::vector<float> grads[4];
-    double loss[4];
-    int64_t act_peak[4];
-    for (int variant = 0; variant < 4; ++variant) {
+    // 0: off; 1: on; 2: on with activation checkpointing; 3: auto; 4: the first block.
+    std::vector<float> grads[5];
+    double loss[5];
+    int64_t act_peak[5];
+    for (int variant = 0; variant < 5; ++variant) {
       Context ctx(Device::cpu());
       LlamaModel m(c, resolve_precision(r, c), ctx);
       m.init_weights(5);
       ForwardOptions o;
-      o.recompute_block_outputs = variant == 0 ? R::kOff : variant == 3 ? R::kAuto : R::kOn;
+      o.recompute_block_outputs = variant == 0   ? R::kOff
+                                  : variant == 3 ? R::kAuto
+                                  : variant == 4 ? R::kFirst
+                                                 : R::kOn;
+      o.recompute_first_blocks = 1;
       o.activation_checkpointing = variant == 2;
       mem_reset_peaks(Device::cpu());
       loss[variant] = 0;
@@ -324,29 +328,55 @@ TEST(ModelGradientTest, RecomputedBlockOutputsGiveIdenticalGradients) {
       const float* g = m.params().grad_all.ptr<float>();
       grads[variant].assign(g, g + m.params().size());
     }
-    for (int variant = 1; variant < 4; ++variant) {
+    for (int variant = 1; variant < 5; ++variant) {
       EXPECT_EQ(grads[0], grads[variant]) << recipe_name(r) << " variant " << variant;
       EXPECT_EQ(loss[0], loss[variant]) << recipe_name(r) << " variant " << variant;
     }
     EXPECT_LT(act_peak[1], act_peak[0]) << recipe_name(r);
+    // One block of two: between none and all.
+    EXPECT_LT(act_peak[4], act_peak[0]) << recipe_name(r);
+    EXPECT_GT(act_peak[4], act_peak[1]) << recipe_name(r);
     if (r == Recipe::kNVFP4) {
-      EXPECT_EQ(act_peak[3], act_peak[1]) << "auto recomputes for nvfp4";
+      EXPECT_EQ(act_peak[3], act_peak[1]) << "auto recomputes every block for nvfp4";
+    } else if (r == Recipe::kBF16) {
+      EXPECT_EQ(act_peak[3], act_peak[0]) << "auto keeps the outputs for bf16";
     } else {
-      EXPECT_EQ(act_peak[3], act_peak[0]) << "auto keeps the outputs for " << recipe_name(r);
+      EXPECT_EQ(act_peak[3], act_peak[4])
+          << "auto recomputes the first block for " << recipe_name(r);
     }
   }
 }
 
 TEST(ModelGradientTest, RecomputeSettingNames) {
   using R = ForwardOptions::Recompute;
-  EXPECT_EQ(ForwardOptions::recompute_from_name("auto"), R::kAuto);
-  EXPECT_EQ(ForwardOptions::recompute_from_name("on"), R::kOn);
-  EXPECT_EQ(ForwardOptions::recompute_from_name("off"), R::kOff);
-  try {
-    ForwardOptions::recompute_from_name("sometimes");
-    FAIL() << "expected a UserError";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("sometimes"), std::string::npos) << e.what();
+  auto parse = [](const char* name) {
+    ForwardOptions o;
+    o.set_recompute_from_name(name);
+    return o;
+  };
+  EXPECT_EQ(parse("auto").recompute_block_outputs, R::kAuto);
+  EXPECT_EQ(parse("on").recompute_block_outputs, R::kOn);
+  EXPECT_EQ(parse("off").recompute_block_outputs, R::kOff);
+  EXPECT_EQ(parse("3").recompute_block_outputs, R::kFirst);
+  EXPECT_EQ(parse("3").recompute_first_blocks, 3);
+  // Resolved block counts: auto by recipe (⌈L/16⌉ for the quantized ones but NVFP4), a count
+  // clamped to the model.
+  EXPECT_EQ(parse("auto").recomputed_blocks(Recipe::kBF16, 16), 0);
+  EXPECT_EQ(parse("auto").recomputed_blocks(Recipe::kFP8, 16), 1);
+  EXPECT_EQ(parse("auto").recomputed_blocks(Recipe::kFP8, 32), 2);
+  EXPECT_EQ(parse("auto").recomputed_blocks(Recipe::kMXFP8, 12), 1);
+  EXPECT_EQ(parse("auto").recomputed_blocks(Recipe::kNVFP4, 16), 16);
+  EXPECT_EQ(parse("on").recomputed_blocks(Recipe::kBF16, 16), 16);
+  EXPECT_EQ(parse("off").recomputed_blocks(Recipe::kNVFP4, 16), 0);
+  EXPECT_EQ(parse("40").recomputed_blocks(Recipe::kFP8, 16), 16);
+  for (const char* bad : {"sometimes", "-1", "", "1.5"}) {
+    try {
+      parse(bad);
+      FAIL() << "expected a UserError for '" << bad << "'";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("unknown recompute setting"), std::string::npos)
+          << e.what();
+    }
   }
 }
 
