@@ -105,6 +105,29 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// An m64n64 wgmma accumulator (the thread layout of wgmma::mma_m64n64k16) rounded to bf16 pairs
+// as the register A operand of wgmma::issue_rs_nmajor_64: k-step kp takes columns 16kp ..
+// 16kp + 15, which are accumulator elements 8kp .. 8kp + 7 of the thread.
+__device__ __forceinline__ void acc_to_a_bf16(const float (&acc)[32], uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int kp = 0; kp < 4; ++kp) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) a[kp][w] = pack_bf16(acc[8 * kp + 2 * w], acc[8 * kp + 2 * w + 1]);
+  }
+}
+
+// Row r of the thread's two rows of an m64n64 wgmma accumulator (r = 1: 8 rows below), times
+// `scale`, as bf16 at `row` (the output row already offset to the thread's first column c2):
+// columns 8jb + c2 and + 1 for jb < 8.
+__device__ __forceinline__ void store_acc_row_bf16(uint16_t* row, const float (&acc)[32], int r,
+                                                   float scale) {
+#pragma unroll
+  for (int jb = 0; jb < 8; ++jb) {
+    *reinterpret_cast<uint32_t*>(row + jb * 8) =
+        pack_bf16(acc[4 * jb + 2 * r] * scale, acc[4 * jb + 2 * r + 1] * scale);
+  }
+}
+
 // 2^x (ex2.approx: relative error ~2^-22; 2^-inf = +0).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -511,13 +534,7 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
     for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
     // O += P·V, P rounded to bf16 (the sum l keeps the fp32 values).
     uint32_t pa[4][4];
-#pragma unroll
-    for (int kp = 0; kp < 4; ++kp) {
-      pa[kp][0] = pack_bf16(s[8 * kp + 0], s[8 * kp + 1]);
-      pa[kp][1] = pack_bf16(s[8 * kp + 2], s[8 * kp + 3]);
-      pa[kp][2] = pack_bf16(s[8 * kp + 4], s[8 * kp + 5]);
-      pa[kp][3] = pack_bf16(s[8 * kp + 6], s[8 * kp + 7]);
-    }
+    acc_to_a_bf16(s, pa);
     wgmma::fence();
     wgmma::issue_rs_nmajor_64(o, pa, sVs);
     wgmma::commit();
@@ -531,12 +548,7 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
     const int row = r_lo + 8 * r;
     if (row >= T) continue;
     const float inv = 1.0f / lsum;
-    uint16_t* orow = p.out + b * p.o_sb + row * p.o_st + h * p.o_sh + c2;
-#pragma unroll
-    for (int jb = 0; jb < 8; ++jb) {
-      *reinterpret_cast<uint32_t*>(orow + jb * 8) =
-          pack_bf16(o[4 * jb + 2 * r] * inv, o[4 * jb + 2 * r + 1] * inv);
-    }
+    store_acc_row_bf16(p.out + b * p.o_sb + row * p.o_st + h * p.o_sh + c2, o, r, inv);
     if ((lane & 3) == 0) p.lse[static_cast<int64_t>(bh) * T + row] = m[r] * p.scale + logf(lsum);
   }
 }
@@ -916,14 +928,8 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
     }
     // dV += Pᵀ·dO and dK += dSᵀ·Q over the tile's queries (Pᵀ, dSᵀ rounded to bf16).
     uint32_t pa[4][4], da[4][4];
-#pragma unroll
-    for (int kp = 0; kp < 4; ++kp) {
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        pa[kp][w] = pack_bf16(st[8 * kp + 2 * w], st[8 * kp + 2 * w + 1]);
-        da[kp][w] = pack_bf16(dpt[8 * kp + 2 * w], dpt[8 * kp + 2 * w + 1]);
-      }
-    }
+    acc_to_a_bf16(st, pa);
+    acc_to_a_bf16(dpt, da);
     wgmma::fence();
     wgmma::issue_rs_nmajor_64(dv, pa, sdOs);
     wgmma::issue_rs_nmajor_64(dk, da, sQs);
@@ -936,15 +942,8 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
   for (int r = 0; r < 2; ++r) {
     const int key = key_lo + 8 * r;
     if (key >= T) continue;
-    uint16_t* dkrow = p.dk + b * p.dk_sb + key * p.dk_st + hkv * p.dk_sh + c2;
-    uint16_t* dvrow = p.dv + b * p.dv_sb + key * p.dv_st + hkv * p.dv_sh + c2;
-#pragma unroll
-    for (int jb = 0; jb < 8; ++jb) {
-      *reinterpret_cast<uint32_t*>(dkrow + jb * 8) =
-          pack_bf16(dk[4 * jb + 2 * r] * p.scale, dk[4 * jb + 2 * r + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dvrow + jb * 8) =
-          pack_bf16(dv[4 * jb + 2 * r], dv[4 * jb + 2 * r + 1]);
-    }
+    store_acc_row_bf16(p.dk + b * p.dk_sb + key * p.dk_st + hkv * p.dk_sh + c2, dk, r, p.scale);
+    store_acc_row_bf16(p.dv + b * p.dv_sb + key * p.dv_st + hkv * p.dv_sh + c2, dv, r, 1.0f);
   }
 }
 
@@ -1009,11 +1008,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
     }
     // dQ += dS·K (dS rounded to bf16).
     uint32_t da[4][4];
-#pragma unroll
-    for (int kp = 0; kp < 4; ++kp) {
-#pragma unroll
-      for (int w = 0; w < 4; ++w) da[kp][w] = pack_bf16(sv[8 * kp + 2 * w], sv[8 * kp + 2 * w + 1]);
-    }
+    acc_to_a_bf16(sv, da);
     wgmma::fence();
     wgmma::issue_rs_nmajor_64(dqa, da, sKs);
     wgmma::commit();
@@ -1025,12 +1020,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
   for (int r = 0; r < 2; ++r) {
     const int row = r_lo + 8 * r;
     if (row >= T) continue;
-    uint16_t* dqrow = p.dq + b * p.dq_sb + row * p.dq_st + h * p.dq_sh + c2;
-#pragma unroll
-    for (int jb = 0; jb < 8; ++jb) {
-      *reinterpret_cast<uint32_t*>(dqrow + jb * 8) =
-          pack_bf16(dqa[4 * jb + 2 * r] * p.scale, dqa[4 * jb + 2 * r + 1] * p.scale);
-    }
+    store_acc_row_bf16(p.dq + b * p.dq_sb + row * p.dq_st + h * p.dq_sh + c2, dqa, r, p.scale);
   }
 }
 

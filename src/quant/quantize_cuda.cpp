@@ -20,10 +20,23 @@ Tensor alloc_copy_data(const QuantizedTensor& out, Usage u, Device dev, Tensor* 
   return data;
 }
 
-// FP8 per-tensor scaling (current or delayed); T is also quant_cuda::Bf16RoundedF32.
+// The payload tensors cfg asks for, with their (zeroed) scale tensors.
+void alloc_copies(const QuantConfig& cfg, Device dev, QuantizedTensor& out) {
+  if (cfg.rowwise) {
+    out.rowwise_data = alloc_copy_data(out, Usage::kRowwise, dev, &out.rowwise_scale_inv);
+  }
+  if (cfg.columnwise) {
+    out.columnwise_data = alloc_copy_data(out, Usage::kColumnwise, dev, &out.columnwise_scale_inv);
+  }
+}
+
+// FP8 per-tensor scaling (current or delayed) into out's allocated copies. T is the source's
+// element type as the kernels read it: uint16_t (bf16), float, or quant_cuda::Bf16RoundedF32
+// (an f32 source rounded to bf16 on load).
 template <typename T>
-void run_per_tensor(Context& ctx, const T* src, const TensorView& x, const QuantConfig& cfg,
+void run_per_tensor(Context& ctx, const TensorView& x, const QuantConfig& cfg,
                     QuantizedTensor& out) {
+  const T* src = static_cast<const T*>(x.data);
   const int64_t m = x.size(0), k = x.size(1);
   const Device dev = x.device;
   cudaStream_t stream = ctx.stream();
@@ -79,11 +92,10 @@ void run(Context& ctx, const TensorView& x, const QuantConfig& cfg, const QuantS
   Tensor* cs = &out.columnwise_scale_inv;
   auto u8 = [](Tensor& t) { return t.defined() ? t.ptr<uint8_t>() : nullptr; };
   auto f32 = [](Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; };
-  if (cfg.rowwise) out.rowwise_data = alloc_copy_data(out, Usage::kRowwise, dev, rs);
-  if (cfg.columnwise) out.columnwise_data = alloc_copy_data(out, Usage::kColumnwise, dev, cs);
+  alloc_copies(cfg, dev, out);
 
   switch (cfg.mode) {
-    case ScalingMode::kPerTensor: run_per_tensor(ctx, src, x, cfg, out); break;
+    case ScalingMode::kPerTensor: run_per_tensor<T>(ctx, x, cfg, out); break;
     case ScalingMode::kBlock1x128:
     case ScalingMode::kBlock128x128: {
       LOWBIT_USER_CHECK(!cfg.stochastic_rounding,
@@ -143,12 +155,8 @@ void quantize_cuda(Context& ctx, const TensorView& x, const QuantConfig& cfg,
     run<float>(ctx, x, cfg, streams, out);
   } else if (cfg.mode == ScalingMode::kPerTensor) {
     // The cast reads the f32 source and rounds it to bf16 on load: no bf16 copy in memory.
-    if (cfg.rowwise)
-      out.rowwise_data = alloc_copy_data(out, Usage::kRowwise, x.device, &out.rowwise_scale_inv);
-    if (cfg.columnwise)
-      out.columnwise_data =
-          alloc_copy_data(out, Usage::kColumnwise, x.device, &out.columnwise_scale_inv);
-    run_per_tensor(ctx, static_cast<const quant_cuda::Bf16RoundedF32*>(x.data), x, cfg, out);
+    alloc_copies(cfg, x.device, out);
+    run_per_tensor<quant_cuda::Bf16RoundedF32>(ctx, x, cfg, out);
   } else {
     // The other quantizers read bf16: round into a transient copy first.
     Tensor rounded = Tensor::empty(x.shape, DType::kBF16, x.device, MemCategory::kWorkspace);
