@@ -130,6 +130,15 @@ void swiglu_bwd(Context& ctx, const TensorView& dgate_up, const TensorView& dout
 // per-tensor FP8 with delayed scaling (F % 8 == 0); otherwise the two steps.
 void swiglu_bwd_quantize(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
                          const TensorView& gate_up, const QuantConfig& cfg, QuantizedTensor& out);
+// The same, also remaking the forward's h = silu(gate)·up quantized under h_cfg (the down
+// linear's input, whose columnwise copy its wgrad reads): exactly
+// swiglu_fwd_quantize(ctx, TensorView(), gate_up, h_cfg, h_out) followed by the call above. One
+// pass over gate_up on the GPU when both configs are per-tensor FP8 with delayed scaling and
+// h_cfg asks for the columnwise copy; otherwise the two steps.
+void swiglu_bwd_quantize_with_h(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
+                                const TensorView& gate_up, const QuantConfig& cfg,
+                                QuantizedTensor& out, const QuantConfig& h_cfg,
+                                QuantizedTensor& h_out);
 
 // ---- elementwise pieces -------------------------------------------------------------------
 // out = a + b, same shape; bf16 or f32 (all three the same dtype). out may alias a or b.

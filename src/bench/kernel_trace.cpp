@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -170,7 +171,10 @@ KernelSummary summarize_kernels(const std::vector<KernelRecord>& records) {
   std::map<std::string, KernelSummaryRow> by_name;
   uint64_t first = records.front().start_ns, last = 0, covered_to = 0;
   double busy_ns = 0, sum_ns = 0;
-  // records are sorted by start: the union of intervals in one sweep.
+  s.idle = {{2.0}, {10.0}, {100.0}, {std::numeric_limits<double>::infinity()}};
+  const std::string* last_ender = nullptr;  // the kernel that ends at covered_to
+  // records are sorted by start: the union of intervals in one sweep; a start after covered_to
+  // is an idle gap.
   for (const KernelRecord& r : records) {
     const uint64_t end = std::max(r.end_ns, r.start_ns);
     KernelSummaryRow& row = by_name[r.name];
@@ -178,8 +182,23 @@ KernelSummary summarize_kernels(const std::vector<KernelRecord>& records) {
     ++row.launches;
     row.total_ms += double(end - r.start_ns) * 1e-6;
     sum_ns += double(end - r.start_ns);
+    if (last_ender != nullptr && r.start_ns > covered_to) {
+      const double us = double(r.start_ns - covered_to) * 1e-3;
+      for (IdleBucket& b : s.idle) {
+        if (us <= b.max_us) {
+          ++b.gaps;
+          b.total_ms += us * 1e-3;
+          break;
+        }
+      }
+      s.longest_gaps.push_back({us, *last_ender, r.name});
+      std::sort(s.longest_gaps.begin(), s.longest_gaps.end(),
+                [](const IdleGap& a, const IdleGap& b) { return a.us > b.us; });
+      if (s.longest_gaps.size() > size_t(KernelSummary::kLongestGaps)) s.longest_gaps.pop_back();
+    }
     const uint64_t from = std::max(r.start_ns, covered_to);
     if (end > from) busy_ns += double(end - from);
+    if (last_ender == nullptr || end >= covered_to) last_ender = &r.name;
     covered_to = std::max(covered_to, end);
     last = std::max(last, end);
     first = std::min(first, r.start_ns);
@@ -207,6 +226,20 @@ std::string format_kernel_summary(const KernelSummary& s, int per, const std::st
     std::string name = r.name.size() > 160 ? r.name.substr(0, 157) + "..." : r.name;
     out += fmt::format("{:>12.3f} {:>9.1f} {:>6.1f}%  {}\n", r.total_ms / n, double(r.launches) / n,
                        s.kernel_ms > 0 ? 100.0 * r.total_ms / s.kernel_ms : 0.0, name);
+  }
+  if (!s.idle.empty()) {
+    out += "# idle time by gap length (per step): ";
+    const char* labels[] = {"<= 2 us", "2-10 us", "10-100 us", "> 100 us"};
+    for (size_t i = 0; i < s.idle.size() && i < 4; ++i) {
+      out += fmt::format("{}{} {:.1f} gaps {:.3f} ms", i ? ", " : "", labels[i],
+                         double(s.idle[i].gaps) / n, s.idle[i].total_ms / n);
+    }
+    out += "\n";
+  }
+  auto shorten = [](const std::string& k) { return k.size() > 70 ? k.substr(0, 67) + "..." : k; };
+  for (const IdleGap& g : s.longest_gaps) {
+    out += fmt::format("# gap {:>9.1f} us after {} | before {}\n", g.us, shorten(g.before),
+                       shorten(g.after));
   }
   return out;
 }

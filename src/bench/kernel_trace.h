@@ -26,12 +26,28 @@ struct KernelSummaryRow {
   double total_ms = 0;
 };
 
+// An interval with no kernel running, between the end of `before` and the start of `after`.
+struct IdleGap {
+  double us = 0;
+  std::string before, after;
+};
+
+// Idle time by gap length: (0, 2], (2, 10], (10, 100] and > 100 µs.
+struct IdleBucket {
+  double max_us;  // the bucket's upper bound (infinity for the last)
+  int64_t gaps = 0;
+  double total_ms = 0;
+};
+
 struct KernelSummary {
   std::vector<KernelSummaryRow> rows;  // by total time, largest first
   double kernel_ms = 0;                // Σ kernel durations
   double busy_ms = 0;                  // union of the kernels' intervals
   double span_ms = 0;                  // first start .. last end
   int64_t kernels = 0;
+  std::vector<IdleBucket> idle;       // span − busy, by gap length
+  std::vector<IdleGap> longest_gaps;  // the kLongestGaps longest, longest first
+  static constexpr int kLongestGaps = 8;
 };
 
 // One trace at a time per process. start() throws UserError when CUPTI cannot be loaded or
@@ -52,8 +68,9 @@ class KernelTrace {
 
 KernelSummary summarize_kernels(const std::vector<KernelRecord>& records);
 
-// The summary as text: a header (kernel sum, busy, span per `per` units, e.g. per step) and one
-// line per kernel name.
+// The summary as text: a header (kernel sum, busy, span per `per` units, e.g. per step), one
+// line per kernel name, then the idle time by gap length and the longest gaps with the kernels
+// around them (where a host stall or a synchronisation sits in the timeline).
 std::string format_kernel_summary(const KernelSummary& s, int per, const std::string& title);
 
 }  // namespace lowbit::bench

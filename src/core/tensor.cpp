@@ -122,4 +122,12 @@ void fill_bytes(const TensorView& dst, uint8_t byte) {
   }
 }
 
+void fill_bytes_on(const TensorView& dst, uint8_t byte, CUstream_st* stream) {
+  LOWBIT_CHECK(dst.is_contiguous(), "fill of a non-contiguous view {}", dst.str());
+  LOWBIT_CHECK(dst.device.is_cuda(), "fill_bytes_on: {} is not a device view", dst.str());
+  const size_t bytes = static_cast<size_t>(dst.nbytes());
+  if (bytes == 0) return;
+  LOWBIT_CUDA_CHECK(cudaMemsetAsync(dst.data, byte, bytes, stream));
+}
+
 }  // namespace lowbit

@@ -14,7 +14,9 @@
 // needs is by default not kept: the backward recomputes it from what the block keeps anyway
 // (ln1 from x_in, att, ln2 from x_mid, h from gu) — same kernels, same inputs and, within a
 // step, the same scales, so its bytes equal the forward's (ForwardOptions::
-// recompute_quantized_inputs; tests/model checks the equality).
+// recompute_quantized_inputs; tests/model checks the equality). h comes from the SwiGLU
+// backward itself when both MLP linears are quantized (swiglu_bwd_quantize_with_h: one pass
+// over gu), so the down linear's wgrad runs after it, its dgrad before.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -277,12 +279,12 @@ struct LlamaModel::Impl {
                   QuantizedTensor* dyq_in = nullptr) {
     const NvtxRange range(linear_name(lin) + " backward");
     const LinearPrecision& p = precision(lin);
-    GemmOptions dg;
-    dg.role = GemmRole::kDgrad;
-    GemmOptions wg;
-    wg.role = GemmRole::kWgrad;
-    wg.beta = wgrad_beta(lin);  // accumulate into the fp32 gradient, or the step's first write
     if (p.recipe == Recipe::kBF16) {
+      GemmOptions dg;
+      dg.role = GemmRole::kDgrad;
+      GemmOptions wg;
+      wg.role = GemmRole::kWgrad;
+      wg.beta = wgrad_beta(lin);  // accumulate into the fp32 gradient, or the step's first write
       if (dx) gemm(ctx, GemmOperand::of(dy), GemmOperand::of(weight(lin)), *dx, dg);
       gemm(ctx, GemmOperand::of(dy), GemmOperand::of(saved.x), weight_grad(lin), wg);
       return;
@@ -291,11 +293,24 @@ struct LlamaModel::Impl {
     if (dyq_in == nullptr) quantize(ctx, dy, bind(p.dy, lin, 2, dx != nullptr, true), dyq_own);
     const QuantizedTensor& dyq = dyq_in != nullptr ? *dyq_in : dyq_own;
     record_clip_stats(lin, 2, dy, dyq);
-    if (dx) {
-      QuantizedTensor tmp;
-      const QuantizedTensor& wc = weight_copy(lin, false, tmp, !recompute_weights);
-      gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(wc), *dx, dg);
-    }
+    if (dx) linear_dgrad_quantized(lin, dyq, *dx);
+    linear_wgrad_quantized(lin, dyq, saved);
+  }
+
+  // The two halves of a quantized linear_bwd, for a caller that runs other work between them:
+  // dx [M, K] bf16 = dyq · W, and dW [Nout, K] f32 (+)= dyqᵀ · saved.xq.
+  void linear_dgrad_quantized(int lin, const QuantizedTensor& dyq, const TensorView& dx) {
+    GemmOptions dg;
+    dg.role = GemmRole::kDgrad;
+    QuantizedTensor tmp;
+    const QuantizedTensor& wc = weight_copy(lin, false, tmp, !recompute_weights);
+    gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(wc), dx, dg);
+  }
+
+  void linear_wgrad_quantized(int lin, const QuantizedTensor& dyq, const LinearSaved& saved) {
+    GemmOptions wg;
+    wg.role = GemmRole::kWgrad;
+    wg.beta = wgrad_beta(lin);  // accumulate into the fp32 gradient, or the step's first write
     gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(saved.xq), weight_grad(lin), wg);
   }
 
@@ -453,24 +468,48 @@ struct LlamaModel::Impl {
     // MLP.
     if (!s.gu.defined()) s.gu = recompute_output(l, LinearKind::kGateUp, s, B, T);
     Tensor dh = act({N, F}, adt, dev);
-    recompute_wgrad_input(l, 3, s);
-    linear_bwd(lin0 + 3, dx, s.lin[3], &dh.view());
-    s.lin[3] = {};
+    const LinearPrecision& pgu = precision(lin0 + 2);
+    const LinearPrecision& pdown = precision(lin0 + 3);
+    const bool fused = pgu.recipe != Recipe::kBF16;
+    // When both MLP linears are quantized and the forward did not keep h's columnwise copy, the
+    // SwiGLU backward remakes it from the gate_up it reads anyway (instead of a recompute pass
+    // over gate_up): the down linear's dgrad runs first, its wgrad after the SwiGLU.
+    const bool h_from_bwd = fused && pdown.recipe != Recipe::kBF16 && !s.lin[3].xq.has_columnwise();
+    QuantizedTensor dy_down;  // the down linear's dY: its columnwise copy waits for the wgrad
+    if (h_from_bwd) {
+      const NvtxRange range(linear_name(lin0 + 3) + " backward (dgrad)");
+      quantize(ctx, dx, bind(pdown.dy, lin0 + 3, 2, true, true), dy_down);
+      record_clip_stats(lin0 + 3, 2, dx, dy_down);
+      linear_dgrad_quantized(lin0 + 3, dy_down, dh.view());
+      dy_down.rowwise_data = Tensor();  // only the columnwise copy is read from here on
+      dy_down.rowwise_scale_inv = Tensor();
+    } else {
+      recompute_wgrad_input(l, 3, s);
+      linear_bwd(lin0 + 3, dx, s.lin[3], &dh.view());
+      s.lin[3] = {};
+    }
     // d(gate_up) [N, 2F]: quantized linears take it quantized from the SwiGLU backward itself
     // (no bf16 copy unless the clip statistics read it).
-    const LinearPrecision& pgu = precision(lin0 + 2);
-    const bool fused = pgu.recipe != Recipe::kBF16;
     Tensor dgu;
     if (!fused || collect_stats) dgu = act({N, 2 * F}, adt, dev);
     const TensorView dguv = dgu.defined() ? dgu.view() : TensorView();
     QuantizedTensor dguq;
-    if (fused) {
+    if (h_from_bwd) {
+      swiglu_bwd_quantize_with_h(ctx, dguv, dh, s.gu, bind(pgu.dy, lin0 + 2, 2, true, true), dguq,
+                                 bind(pdown.x, lin0 + 3, 0, false, true), s.lin[3].xq);
+    } else if (fused) {
       swiglu_bwd_quantize(ctx, dguv, dh, s.gu, bind(pgu.dy, lin0 + 2, 2, true, true), dguq);
     } else {
       swiglu_bwd(ctx, dgu, dh, s.gu);
     }
     dh = Tensor();
     s.gu = Tensor();
+    if (h_from_bwd) {
+      const NvtxRange range(linear_name(lin0 + 3) + " backward (wgrad)");
+      linear_wgrad_quantized(lin0 + 3, dy_down, s.lin[3]);
+      s.lin[3] = {};
+      dy_down = QuantizedTensor();
+    }
     Tensor dln = act({N, D}, adt, dev);
     recompute_wgrad_input(l, 2, s);
     linear_bwd(lin0 + 2, dguv, s.lin[2], &dln.view(), fused ? &dguq : nullptr);

@@ -15,8 +15,9 @@ bool fp8_delayed_fusable(const QuantConfig& cfg, Device dev) {
   return st.scale().device() == dev && st.amax_history().device() == dev;
 }
 
-Fp8Epilogue fp8_epilogue_outputs(const QuantConfig& cfg, int64_t m, int64_t k, Device dev,
+Fp8Epilogue fp8_epilogue_outputs(Context& ctx, const QuantConfig& cfg, int64_t m, int64_t k,
                                  QuantizedTensor& out) {
+  const Device dev = ctx.device();
   out = QuantizedTensor{};
   out.mode = cfg.mode;
   out.dtype = cfg.dtype;
@@ -26,21 +27,22 @@ Fp8Epilogue fp8_epilogue_outputs(const QuantConfig& cfg, int64_t m, int64_t k, D
   ep.e5m2 = cfg.dtype == DType::kE5M2;
   // Row 0 of the [L, num_slots] history is the current step's amax of every slot.
   ep.history_amax = cfg.delayed->amax_history().ptr<float>() + cfg.delayed_slot;
-  out.amax = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);  // [1]
+  out.amax = Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace);  // [1]
+  fill_bytes_on(out.amax, 0, ctx.stream());  // the blocks' atomic max starts from 0
   ep.amax = out.amax.ptr<float>();
   if (cfg.rowwise) {
     const QuantLayout l = quant_layout(cfg.mode, cfg.dtype, m, k, Usage::kRowwise);
     out.rowwise_data = Tensor::empty(l.data_shape, l.data_dtype, dev, MemCategory::kActivations);
-    out.rowwise_scale_inv = Tensor::zeros(l.scale_shape, l.scale_dtype, dev,
-                                          MemCategory::kWorkspace);  // [1]
+    out.rowwise_scale_inv =
+        Tensor::empty(l.scale_shape, l.scale_dtype, dev, MemCategory::kWorkspace);  // [1]
     ep.q = out.rowwise_data.ptr<uint8_t>();
     ep.q_scale_inv = out.rowwise_scale_inv.ptr<float>();
   }
   if (cfg.columnwise) {
     const QuantLayout l = quant_layout(cfg.mode, cfg.dtype, m, k, Usage::kColumnwise);  // [K, M]
     out.columnwise_data = Tensor::empty(l.data_shape, l.data_dtype, dev, MemCategory::kActivations);
-    out.columnwise_scale_inv = Tensor::zeros(l.scale_shape, l.scale_dtype, dev,
-                                             MemCategory::kWorkspace);  // [1]
+    out.columnwise_scale_inv =
+        Tensor::empty(l.scale_shape, l.scale_dtype, dev, MemCategory::kWorkspace);  // [1]
     ep.qt = out.columnwise_data.ptr<uint8_t>();
     ep.qt_scale_inv = out.columnwise_scale_inv.ptr<float>();
   }

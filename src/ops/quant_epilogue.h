@@ -30,9 +30,10 @@ struct Fp8Epilogue {
 bool fp8_delayed_fusable(const QuantConfig& cfg, Device dev);
 
 // Replaces `out` with the tensors quantize() allocates for an [m, k] source under `cfg` (which
-// passed fp8_delayed_fusable) on `dev` and returns their pointers. Scales and the amax are zeroed;
-// payloads are left for the kernel to write.
-Fp8Epilogue fp8_epilogue_outputs(const QuantConfig& cfg, int64_t m, int64_t k, Device dev,
+// passed fp8_delayed_fusable) on ctx's device and returns their pointers. The amax is zeroed on
+// ctx's stream; payloads and scale_inv are left for the kernel to write (fp8_epilogue_finish
+// writes scale_inv from block 0).
+Fp8Epilogue fp8_epilogue_outputs(Context& ctx, const QuantConfig& cfg, int64_t m, int64_t k,
                                  QuantizedTensor& out);
 
 // True for a default-constructed TensorView(): an optional output that was not asked for.

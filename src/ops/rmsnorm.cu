@@ -461,7 +461,7 @@ bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorVi
                                            ctx.device().index));
   if (smem + 1024 > size_t(max_smem)) return false;  // 1 KiB: the static shared arrays
 
-  const Fp8Epilogue ep = fp8_epilogue_outputs(cfg, n, d, ctx.device(), out);
+  const Fp8Epilogue ep = fp8_epilogue_outputs(ctx, cfg, n, d, out);
   // Groups of p.threads threads, a power of two of them (so that they divide kQRows) in at most
   // 512 threads: D 768 → 4 × 96, D 2048 → 2 × 256.
   int groups = 1;

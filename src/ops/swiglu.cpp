@@ -84,6 +84,32 @@ void swiglu_bwd_quantize(Context& ctx, const TensorView& dgate_up, const TensorV
   swiglu_bwd_quantize_composed(ctx, dgate_up, dout, gate_up, cfg, out);
 }
 
+void swiglu_bwd_quantize_with_h(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
+                                const TensorView& gate_up, const QuantConfig& cfg,
+                                QuantizedTensor& out, const QuantConfig& h_cfg,
+                                QuantizedTensor& h_out) {
+  const char* op = "swiglu_bwd_quantize_with_h";
+  check_devices(op, ctx, {{"dout", &dout}, {"gate_up", &gate_up}});
+  check_rows(op, "dout", dout, gate_up);
+  check_dtype(op, "gate_up", gate_up, DType::kBF16);
+  check_dtype(op, "dout", dout, DType::kBF16);
+  if (!absent(dgate_up)) {
+    check_devices(op, ctx, {{"dgate_up", &dgate_up}});
+    check_dtype(op, "dgate_up", dgate_up, DType::kBF16);
+    check_same_shape(op, "dgate_up", dgate_up, "gate_up", gate_up);
+    check_contiguous(op, "dgate_up", dgate_up);
+  }
+  LOWBIT_USER_CHECK(&out != &h_out, "{}: out and h_out must be different tensors", op);
+  if (ctx.on_gpu() && fp8_delayed_fusable(cfg, ctx.device()) &&
+      fp8_delayed_fusable(h_cfg, ctx.device()) &&
+      swiglu_bwd_quantize_cuda(ctx, dgate_up, dout, gate_up, cfg, out, &h_cfg, &h_out)) {
+    return;
+  }
+  // Everything else (and the CPU): the definition, the two ops one after the other.
+  swiglu_fwd_quantize(ctx, TensorView(), gate_up, h_cfg, h_out);
+  swiglu_bwd_quantize(ctx, dgate_up, dout, gate_up, cfg, out);
+}
+
 void swiglu_bwd(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
                 const TensorView& gate_up) {
   const char* op = "swiglu_bwd";

@@ -140,23 +140,32 @@ __global__ void __launch_bounds__(kThreads)
 // exactly as swiglu_bwd_kernel stores it and quantized from that bf16 value. Rowwise codes (and
 // dgate_up when asked) are written directly; the two code tiles are staged and written
 // transposed (rows k and F + k of qt [2F, N]).
+//
+// kH: the block also remakes the forward's h = silu(gate)·up from the gate and up it has loaded
+// (one sigmoid serves both) and quantizes it under its own state (hep: the down linear's input),
+// the bytes swiglu_fwd_quantize_kernel writes: its columnwise copy [F, N] (and rowwise codes when
+// hep.q is set). The down linear's wgrad then needs no separate pass over gate_up.
 
 // dgate_up [N, 2F] bf16 (or null) and ep's q [N, 2F] / qt [2F, N] FP8, scale_inv and amax from
-// dout [N, F] and gate_up [N, 2F] bf16. F % 8 == 0 and rows 16-byte aligned. vec_t: N % 16 == 0
-// and qt 16-byte aligned.
+// dout [N, F] and gate_up [N, 2F] bf16; with kH also hep's qt [F, N] (and q [N, F]). F % 8 == 0
+// and rows 16-byte aligned. vec_t: N % 16 == 0 and qt (and hep.qt) 16-byte aligned.
 // Issue-bound (ncu: 0.70 warps issued per scheduler and cycle at 96 registers, 2 blocks per
-// SM): the register cap of 3 blocks per SM gives the schedulers more warps to choose from.
-template <bool kCol>
-__global__ void __launch_bounds__(kThreads, 3)
+// SM): the register cap of 3 blocks per SM gives the schedulers more warps to choose from. With
+// kH the cap spills (48 bytes at 80 registers) and 2 blocks per SM (102 registers) run faster:
+// 0.617 against 0.667 ms at N 16384, F 8192 on the H100.
+template <bool kCol, bool kH, int kMinBlocks = 3>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     swiglu_bwd_fp8_kernel(uint16_t* __restrict__ dgate_up, const uint16_t* __restrict__ dout,
                           const uint16_t* __restrict__ gate_up, int64_t n_rows, int64_t f,
-                          bool vec_t, ops_detail::Fp8Epilogue ep) {
+                          bool vec_t, ops_detail::Fp8Epilogue ep, ops_detail::Fp8Epilogue hep) {
   constexpr int kPitch = kTK + 4;  // ≡ 4 (mod 8): see store_transposed
-  // [2][kTM][kTK + 4] codes of dgate and dup (kCol only).
-  __shared__ __align__(16) uint8_t tiles[2][kTM * kPitch];
+  // [dgate, dup, h][kTM][kTK + 4] codes (dgate and dup when kCol, h when kH).
+  constexpr int kTiles = kH ? 3 : 2;
+  __shared__ __align__(16) uint8_t tiles[kTiles][kTM * kPitch];
   constexpr int kChunks = kTM * kTK / 8 / kThreads;
   const int64_t m0 = int64_t(blockIdx.x) * kTM, k0 = int64_t(blockIdx.y) * kTK;
   const float scale = *ep.scale;
+  const float h_scale = kH ? *hep.scale : 0.0f;
   uint4 graw[kChunks], uraw[kChunks], draw[kChunks];  // 8 bf16 of gate, up and dout per chunk
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
@@ -172,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       graw[j] = uraw[j] = draw[j] = make_uint4(0, 0, 0, 0);
     }
   }
-  float local_amax = 0.0f;
+  float local_amax = 0.0f, h_amax = 0.0f;
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int c = threadIdx.x + j * kThreads;
@@ -182,18 +191,21 @@ __global__ void __launch_bounds__(kThreads, 3)
     const uint32_t gw[4] = {graw[j].x, graw[j].y, graw[j].z, graw[j].w};
     const uint32_t uw[4] = {uraw[j].x, uraw[j].y, uraw[j].z, uraw[j].w};
     const uint32_t dw[4] = {draw[j].x, draw[j].y, draw[j].z, draw[j].w};
-    float gf[8], uf[8];  // dgate and dup as swiglu_bwd computes them, before the rounding
+    float gf[8], uf[8], hf[8];  // dgate, dup and h as the unfused ops compute them, unrounded
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const SwigluGrad lo = swiglu_grad(__uint_as_float(gw[i] << 16), __uint_as_float(uw[i] << 16),
-                                        __uint_as_float(dw[i] << 16));
-      const SwigluGrad hi =
-          swiglu_grad(__uint_as_float(gw[i] & 0xFFFF0000u), __uint_as_float(uw[i] & 0xFFFF0000u),
-                      __uint_as_float(dw[i] & 0xFFFF0000u));
-      gf[2 * i] = lo.dg;
-      gf[2 * i + 1] = hi.dg;
-      uf[2 * i] = lo.du;
-      uf[2 * i + 1] = hi.du;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const auto bf = [half](uint32_t w) {
+          return __uint_as_float(half == 0 ? w << 16 : w & 0xFFFF0000u);
+        };
+        const float g = bf(gw[i]), u = bf(uw[i]);
+        const float s = swiglu_sigmoid(g);
+        const SwigluGrad d = swiglu_grad_from_sigmoid(g, u, bf(dw[i]), s);
+        gf[2 * i + half] = d.dg;
+        uf[2 * i + half] = d.du;
+        if constexpr (kH) hf[2 * i + half] = swiglu_out_from_sigmoid(g, u, s);
+      }
     }
     uint16_t* dp = dgate_up != nullptr ? dgate_up + m * 2 * f + k : nullptr;
     uint8_t* qp = ep.q != nullptr ? ep.q + m * 2 * f + k : nullptr;
@@ -201,14 +213,25 @@ __global__ void __launch_bounds__(kThreads, 3)
     fp8_epilogue_chunk8<kCol>(uf, scale, ep.e5m2, dp != nullptr ? dp + f : nullptr,
                               qp != nullptr ? qp + f : nullptr, tiles[1] + r * kPitch + cc,
                               local_amax);
+    if constexpr (kH) {
+      fp8_epilogue_chunk8<true>(hf, h_scale, hep.e5m2, nullptr,
+                                hep.q != nullptr ? hep.q + m * f + k : nullptr,
+                                tiles[kTiles - 1] + r * kPitch + cc, h_amax);
+    }
   }
-  if constexpr (kCol) {
-    __syncthreads();  // both tiles are staged
+  if constexpr (kCol || kH) {
+    __syncthreads();  // the tiles are staged
     const int cols = int(f - k0 < kTK ? f - k0 : kTK);
-    store_transposed<kTM>(ep.qt, tiles[0], kPitch, m0, n_rows, k0, cols, vec_t);
-    store_transposed<kTM>(ep.qt, tiles[1], kPitch, m0, n_rows, f + k0, cols, vec_t);
+    if constexpr (kCol) {
+      store_transposed<kTM>(ep.qt, tiles[0], kPitch, m0, n_rows, k0, cols, vec_t);
+      store_transposed<kTM>(ep.qt, tiles[1], kPitch, m0, n_rows, f + k0, cols, vec_t);
+    }
+    if constexpr (kH) {
+      store_transposed<kTM>(hep.qt, tiles[kTiles - 1], kPitch, m0, n_rows, k0, cols, vec_t);
+    }
   }
   fp8_epilogue_finish(local_amax, scale, ep);
+  if constexpr (kH) fp8_epilogue_finish(h_amax, h_scale, hep);
 }
 
 int grid_for(int64_t items) {
@@ -240,7 +263,7 @@ bool swiglu_fwd_quantize_cuda(Context& ctx, const TensorView& h, const TensorVie
   // chunks with 16-byte aligned rows, and a grid that fits (F ≤ 65535 · 128).
   if (n == 0 || f % 8 != 0 || !aligned16(gu) || (hp != nullptr && !aligned16(hp))) return false;
   if (ceil_div(f, kTK) > 65535 || ceil_div(n, kTM) >= (int64_t(1) << 31)) return false;
-  const Fp8Epilogue ep = fp8_epilogue_outputs(cfg, n, f, ctx.device(), out);
+  const Fp8Epilogue ep = fp8_epilogue_outputs(ctx, cfg, n, f, out);
   const bool vec_t = n % 16 == 0 && aligned16(ep.qt);
   const dim3 grid(static_cast<unsigned>(ceil_div(n, kTM)), static_cast<unsigned>(ceil_div(f, kTK)));
   if (cfg.columnwise) {
@@ -270,25 +293,43 @@ void swiglu_bwd_cuda(Context& ctx, const TensorView& dgate_up, const TensorView&
 
 bool swiglu_bwd_quantize_cuda(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
                               const TensorView& gate_up, const QuantConfig& cfg,
-                              QuantizedTensor& out) {
+                              QuantizedTensor& out, const QuantConfig* h_cfg,
+                              QuantizedTensor* h_out) {
   const int64_t n = dout.size(0), f = dout.size(1);
   uint16_t* dgu = absent(dgate_up) ? nullptr : dgate_up.ptr<uint16_t>();
   const uint16_t* dy = dout.ptr<const uint16_t>();
   const uint16_t* gu = gate_up.ptr<const uint16_t>();
   // Preconditions of the fused kernel (else the caller runs the composition): whole 8-column
-  // chunks with 16-byte aligned rows, and a grid that fits.
+  // chunks with 16-byte aligned rows, and a grid that fits; h only with its columnwise copy.
   if (n == 0 || f % 8 != 0 || !aligned16(gu) || !aligned16(dy) ||
       (dgu != nullptr && !aligned16(dgu))) {
     return false;
   }
   if (ceil_div(f, kTK) > 65535 || ceil_div(n, kTM) >= (int64_t(1) << 31)) return false;
-  const Fp8Epilogue ep = fp8_epilogue_outputs(cfg, n, 2 * f, ctx.device(), out);
-  const bool vec_t = n % 16 == 0 && aligned16(ep.qt);
+  const bool with_h = h_cfg != nullptr;
+  if (with_h && !h_cfg->columnwise) return false;
+  const Fp8Epilogue ep = fp8_epilogue_outputs(ctx, cfg, n, 2 * f, out);
+  const Fp8Epilogue hep = with_h ? fp8_epilogue_outputs(ctx, *h_cfg, n, f, *h_out) : Fp8Epilogue{};
+  const bool vec_t = n % 16 == 0 && (ep.qt == nullptr || aligned16(ep.qt)) &&
+                     (hep.qt == nullptr || aligned16(hep.qt));
   const dim3 grid(static_cast<unsigned>(ceil_div(n, kTM)), static_cast<unsigned>(ceil_div(f, kTK)));
+  cudaStream_t st = ctx.stream();
   if (cfg.columnwise) {
-    swiglu_bwd_fp8_kernel<true><<<grid, kThreads, 0, ctx.stream()>>>(dgu, dy, gu, n, f, vec_t, ep);
+    if (with_h) {
+      swiglu_bwd_fp8_kernel<true, true, 2>
+          <<<grid, kThreads, 0, st>>>(dgu, dy, gu, n, f, vec_t, ep, hep);
+    } else {
+      swiglu_bwd_fp8_kernel<true, false>
+          <<<grid, kThreads, 0, st>>>(dgu, dy, gu, n, f, vec_t, ep, hep);
+    }
   } else {
-    swiglu_bwd_fp8_kernel<false><<<grid, kThreads, 0, ctx.stream()>>>(dgu, dy, gu, n, f, vec_t, ep);
+    if (with_h) {
+      swiglu_bwd_fp8_kernel<false, true, 2>
+          <<<grid, kThreads, 0, st>>>(dgu, dy, gu, n, f, vec_t, ep, hep);
+    } else {
+      swiglu_bwd_fp8_kernel<false, false>
+          <<<grid, kThreads, 0, st>>>(dgu, dy, gu, n, f, vec_t, ep, hep);
+    }
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
   return true;

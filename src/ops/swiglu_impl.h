@@ -35,8 +35,9 @@ LOWBIT_HD float swiglu_sigmoid(float g) {
 #endif
 }
 
-LOWBIT_HD float swiglu_out(float g, float u) {
-  const float s = swiglu_sigmoid(g);
+// The two ops from a sigmoid s = swiglu_sigmoid(g) computed once (the fused backward that also
+// remakes h): the same operations, so the same bits, as swiglu_out and swiglu_grad.
+LOWBIT_HD float swiglu_out_from_sigmoid(float g, float u, float s) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(__fmul_rn(g, s), u);
 #else
@@ -45,8 +46,7 @@ LOWBIT_HD float swiglu_out(float g, float u) {
 #endif
 }
 
-LOWBIT_HD SwigluGrad swiglu_grad(float g, float u, float dout) {
-  const float s = swiglu_sigmoid(g);
+LOWBIT_HD SwigluGrad swiglu_grad_from_sigmoid(float g, float u, float dout, float s) {
 #if defined(__CUDA_ARCH__)
   const float silu = __fmul_rn(g, s);
   const float dsilu = __fmul_rn(s, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, s))));
@@ -59,6 +59,14 @@ LOWBIT_HD SwigluGrad swiglu_grad(float g, float u, float dout) {
   const float dout_u = dout * u;
   return {dout_u * dsilu, dout * silu};
 #endif
+}
+
+LOWBIT_HD float swiglu_out(float g, float u) {
+  return swiglu_out_from_sigmoid(g, u, swiglu_sigmoid(g));
+}
+
+LOWBIT_HD SwigluGrad swiglu_grad(float g, float u, float dout) {
+  return swiglu_grad_from_sigmoid(g, u, dout, swiglu_sigmoid(g));
 }
 
 // CPU twin (swiglu_ref.cpp): gate_up [N, 2F], out/dout [N, F], dgate_up [N, 2F], bf16|f32.
@@ -83,10 +91,13 @@ void swiglu_bwd_quantize_composed(Context& ctx, const TensorView& dgate_up, cons
                                   const TensorView& gate_up, const QuantConfig& cfg,
                                   QuantizedTensor& out);
 // Fused backward + per-tensor FP8 with delayed scaling (cfg passed fp8_delayed_fusable;
-// dgate_up may be absent): the bytes of the composition on the GPU. Returns false, having done
-// nothing, when F % 8 != 0 or the rows are not 16-byte aligned.
+// dgate_up may be absent): the bytes of the composition on the GPU. With h_cfg (which passed
+// fp8_delayed_fusable too) the kernel also writes swiglu_fwd_quantize's bytes for h into h_out.
+// Returns false, having done nothing, when F % 8 != 0, the rows are not 16-byte aligned, or
+// h_cfg asks for no columnwise copy.
 bool swiglu_bwd_quantize_cuda(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
                               const TensorView& gate_up, const QuantConfig& cfg,
-                              QuantizedTensor& out);
+                              QuantizedTensor& out, const QuantConfig* h_cfg = nullptr,
+                              QuantizedTensor* h_out = nullptr);
 
 }  // namespace lowbit::ops_detail

@@ -12,21 +12,31 @@ namespace lowbit {
 
 namespace {
 
-Tensor alloc_copy_data(const QuantizedTensor& out, Usage u, Device dev, Tensor* scale) {
+// A zeroed small device tensor, the fill ordered on ctx's stream.
+Tensor zeros_on(Context& ctx, Shape shape, DType t, MemCategory cat) {
+  Tensor z = Tensor::empty(shape, t, ctx.device(), cat);
+  fill_bytes_on(z, 0, ctx.stream());
+  return z;
+}
+
+Tensor alloc_copy_data(Context& ctx, const QuantizedTensor& out, Usage u, Tensor* scale) {
   const QuantLayout l = quant_layout(out.mode, out.dtype, out.shape[0], out.shape[1], u);
-  Tensor data = Tensor::empty(l.data_shape, l.data_dtype, dev, MemCategory::kActivations);
-  // Scales are zeroed: the layouts pad to multiples of 4 (and the kernels skip the padding).
-  *scale = Tensor::zeros(l.scale_shape, l.scale_dtype, dev, MemCategory::kActivations);
+  Tensor data = Tensor::empty(l.data_shape, l.data_dtype, ctx.device(), MemCategory::kActivations);
+  // Block scales are zeroed: the layouts pad to multiples of 4 (and the kernels skip the
+  // padding). Per-tensor scaling sets its own one-element scale_inv (run_per_tensor).
+  if (out.mode != ScalingMode::kPerTensor) {
+    *scale = zeros_on(ctx, l.scale_shape, l.scale_dtype, MemCategory::kActivations);
+  }
   return data;
 }
 
 // The payload tensors cfg asks for, with their (zeroed) scale tensors.
-void alloc_copies(const QuantConfig& cfg, Device dev, QuantizedTensor& out) {
+void alloc_copies(Context& ctx, const QuantConfig& cfg, QuantizedTensor& out) {
   if (cfg.rowwise) {
-    out.rowwise_data = alloc_copy_data(out, Usage::kRowwise, dev, &out.rowwise_scale_inv);
+    out.rowwise_data = alloc_copy_data(ctx, out, Usage::kRowwise, &out.rowwise_scale_inv);
   }
   if (cfg.columnwise) {
-    out.columnwise_data = alloc_copy_data(out, Usage::kColumnwise, dev, &out.columnwise_scale_inv);
+    out.columnwise_data = alloc_copy_data(ctx, out, Usage::kColumnwise, &out.columnwise_scale_inv);
   }
 }
 
@@ -46,10 +56,10 @@ void run_per_tensor(Context& ctx, const TensorView& x, const QuantConfig& cfg,
   LOWBIT_USER_CHECK(!cfg.stochastic_rounding,
                     "stochastic rounding of per-tensor FP8 is not implemented on the GPU; "
                     "it is available for NVFP4 and MX payloads");
-  out.amax = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+  out.amax = zeros_on(ctx, {1}, DType::kF32, MemCategory::kWorkspace);
   // Written by the cast kernel (delayed) or the scale kernel (current): no fill needed.
   Tensor scale_inv = m * k > 0 ? Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace)
-                               : Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+                               : zeros_on(ctx, {1}, DType::kF32, MemCategory::kWorkspace);
   const float* scale_ptr;
   Tensor scale;
   if (cfg.delayed != nullptr) {
@@ -92,7 +102,7 @@ void run(Context& ctx, const TensorView& x, const QuantConfig& cfg, const QuantS
   Tensor* cs = &out.columnwise_scale_inv;
   auto u8 = [](Tensor& t) { return t.defined() ? t.ptr<uint8_t>() : nullptr; };
   auto f32 = [](Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; };
-  alloc_copies(cfg, dev, out);
+  alloc_copies(ctx, cfg, out);
 
   switch (cfg.mode) {
     case ScalingMode::kPerTensor: run_per_tensor<T>(ctx, x, cfg, out); break;
@@ -119,8 +129,8 @@ void run(Context& ctx, const TensorView& x, const QuantConfig& cfg, const QuantS
       LOWBIT_USER_CHECK(!rht || x.dtype == DType::kBF16,
                         "the Hadamard transform takes bf16 input (formats.md §5.2); got {}",
                         dtype_name(x.dtype));
-      Tensor amax_row = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
-      Tensor amax_col = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
+      Tensor amax_row = zeros_on(ctx, {1}, DType::kF32, MemCategory::kWorkspace);
+      Tensor amax_col = zeros_on(ctx, {1}, DType::kF32, MemCategory::kWorkspace);
       // The 2D transposed copy reuses the rowwise tile scales: write them even when only the
       // columnwise copy is asked for.
       quant_cuda::nvfp4(src, m, k, cfg.rowwise, cfg.columnwise, rht, streams.stochastic, two_d,
@@ -155,7 +165,7 @@ void quantize_cuda(Context& ctx, const TensorView& x, const QuantConfig& cfg,
     run<float>(ctx, x, cfg, streams, out);
   } else if (cfg.mode == ScalingMode::kPerTensor) {
     // The cast reads the f32 source and rounds it to bf16 on load: no bf16 copy in memory.
-    alloc_copies(cfg, x.device, out);
+    alloc_copies(ctx, cfg, out);
     run_per_tensor<quant_cuda::Bf16RoundedF32>(ctx, x, cfg, out);
   } else {
     // The other quantizers read bf16: round into a transient copy first.

@@ -24,6 +24,34 @@ TEST(KernelTraceSummary, UnionOfIntervalsAndTotalsPerName) {
   EXPECT_EQ(s.rows[2].name, "c");
 }
 
+TEST(KernelTraceSummary, IdleGapsByLengthAndTheLongestWithTheirKernels) {
+  // ns: a [0, 100), gap 1 µs, b [1100, 1200), c [1150, 5000) overlapping b, gap 50 µs,
+  // d [55000, 56000), gap 200 µs, e [256000, 256500).
+  const std::vector<KernelRecord> recs = {{"a", 0, 100},
+                                          {"b", 1100, 1200},
+                                          {"c", 1150, 5000},
+                                          {"d", 55000, 56000},
+                                          {"e", 256000, 256500}};
+  const KernelSummary s = summarize_kernels(recs);
+  ASSERT_EQ(s.idle.size(), 4u);
+  EXPECT_EQ(s.idle[0].gaps, 1);  // 1 µs
+  EXPECT_DOUBLE_EQ(s.idle[0].total_ms, 1e-3);
+  EXPECT_EQ(s.idle[1].gaps, 0);
+  EXPECT_EQ(s.idle[2].gaps, 1);  // 50 µs
+  EXPECT_EQ(s.idle[3].gaps, 1);  // 200 µs
+  EXPECT_NEAR(s.idle[0].total_ms + s.idle[2].total_ms + s.idle[3].total_ms, s.span_ms - s.busy_ms,
+              1e-12);
+  ASSERT_EQ(s.longest_gaps.size(), 3u);
+  EXPECT_DOUBLE_EQ(s.longest_gaps[0].us, 200.0);
+  EXPECT_EQ(s.longest_gaps[0].before, "d");
+  EXPECT_EQ(s.longest_gaps[0].after, "e");
+  EXPECT_EQ(s.longest_gaps[1].before, "c");  // c ends last of the overlapping pair
+  EXPECT_EQ(s.longest_gaps[1].after, "d");
+  const std::string text = format_kernel_summary(s, 1, "t");
+  EXPECT_NE(text.find("> 100 us 1.0 gaps 0.200 ms"), std::string::npos) << text;
+  EXPECT_NE(text.find("# gap     200.0 us after d | before e"), std::string::npos) << text;
+}
+
 TEST(KernelTraceSummary, EmptyTraceAndPerStepText) {
   const KernelSummary none = summarize_kernels({});
   EXPECT_EQ(none.kernels, 0);

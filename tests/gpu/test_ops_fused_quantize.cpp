@@ -200,6 +200,30 @@ void check_swiglu_bwd(int64_t n, int64_t f, Src src, Copies cp, bool delayed, bo
   check_quantized(q_f, q_u, d_u, delayed, cp, st);
 }
 
+// swiglu_bwd_quantize_with_h: dgate_up's codes (E5M2 state) as above, and h's codes under a
+// forward state (the down linear's input, columnwise for its wgrad), against the GPU
+// composition swiglu_fwd + quantize and swiglu_bwd + quantize.
+void check_swiglu_bwd_h(int64_t n, int64_t f, Src src, Copies cp, Copies cp_h, bool delayed) {
+  SCOPED_TRACE(fmt::format("swiglu_bwd_quantize_with_h {}x{} {} dgate_up {} h {} {}", n, f,
+                           src_name(src), cp.name, cp_h.name, delayed ? "delayed" : "current"));
+  Context ctx(kGpu);
+  const Tensor gu = Tensor::copy_of(source(n, 2 * f, src, 3.0, 3), kGpu);  // [N, 2F]
+  const Tensor dy = Tensor::copy_of(source(n, f, src, 1.0, 4), kGpu);      // [N, F]
+  States st(ScalingPass::kBackward, 0.75f), st_h(ScalingPass::kForward, 0.5f);
+  QuantizedTensor q_f, q_u, h_f, h_u;
+  swiglu_bwd_quantize_with_h(ctx, TensorView(), dy, gu, make_cfg(delayed, st.fused, cp), q_f,
+                             make_cfg(delayed, st_h.fused, cp_h), h_f);
+  Tensor d_u = Tensor::empty({n, 2 * f}, DType::kBF16, kGpu);
+  Tensor hv_u = Tensor::empty({n, f}, DType::kBF16, kGpu);
+  swiglu_fwd(ctx, hv_u, gu);
+  quantize(ctx, hv_u, make_cfg(delayed, st_h.unfused, cp_h), h_u);
+  swiglu_bwd(ctx, d_u, dy, gu);
+  quantize(ctx, d_u, make_cfg(delayed, st.unfused, cp), q_u);
+  ctx.synchronize();
+  check_quantized(q_f, q_u, d_u, delayed, cp, st);
+  check_quantized(h_f, h_u, hv_u, delayed, cp_h, st_h);
+}
+
 struct Shape2 {
   int64_t n, d;
 };
@@ -278,6 +302,29 @@ TEST(GpuFusedQuantize, SwigluBackwardModelShapes) {
       for (const Copies& cp : kCopies) check_swiglu_bwd(s.n, s.d, src, cp, true, true);
     }
     check_swiglu_bwd(s.n, s.d, Src::kGaussian, kCopies[2], true, false);
+  }
+}
+
+TEST(GpuFusedQuantize, SwigluBackwardWithHSmallShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  for (const Shape2& s : kSmall) {
+    if (s.d > 8192) continue;
+    for (Src src : {Src::kGaussian, Src::kZeros, Src::kLarge, Src::kSpecials}) {
+      for (const Copies& cp : kCopies) {
+        // h columnwise (the model's case, fused) and row+col; rowwise only runs the composition.
+        for (const Copies& cp_h : kCopies) check_swiglu_bwd_h(s.n, s.d, src, cp, cp_h, true);
+      }
+      check_swiglu_bwd_h(s.n, s.d, src, kCopies[2], kCopies[1], false);
+    }
+  }
+}
+
+TEST(GpuFusedQuantize, SwigluBackwardWithHModelShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  // The model's case only (the CPU comparisons of large tensors are slow); specials and the
+  // other copy choices run at the small shapes.
+  for (const Shape2& s : {Shape2{16384, 2048}, Shape2{4096, 8192}}) {
+    check_swiglu_bwd_h(s.n, s.d, Src::kGaussian, kCopies[2], kCopies[1], true);
   }
 }
 
@@ -392,6 +439,30 @@ TEST(GpuFusedQuantizePerf, Bandwidth) {
           "%s (eff %.0f GB/s) | speed-up %.2fx\n",
           cp.name, long(n), long(f_dim), copy, f.str().c_str(), 100 * f.gb_per_s / copy,
           u.str().c_str(), fused_bytes / (u.ms * 1e6), u.ms / f.ms);
+    }
+    // With h's columnwise codes remade in the same pass (the down linear's wgrad input), against
+    // the backward plus the separate recompute pass it replaces (gate_up read twice).
+    {
+      QuantConfig cfg = make_cfg(true, sb, kCopies[2]);
+      QuantConfig cfg_h = make_cfg(true, st, kCopies[1]);
+      const double fused_bytes = 6.0 * n * f_dim + 4.0 * n * f_dim + 1.0 * n * f_dim;
+      const double two_pass_bytes = fused_bytes + 4.0 * n * f_dim;
+      QuantizedTensor q, qh;
+      const Perf f = time_gpu(
+          ctx, [&] { swiglu_bwd_quantize_with_h(ctx, TensorView(), dy, gu, cfg, q, cfg_h, qh); },
+          fused_bytes);
+      const Perf u = time_gpu(
+          ctx,
+          [&] {
+            swiglu_fwd_quantize(ctx, TensorView(), gu, cfg_h, qh);
+            swiglu_bwd_quantize(ctx, TensorView(), dy, gu, cfg, q);
+          },
+          two_pass_bytes);
+      std::printf(
+          "swiglu bwd+fp8+h col N=%ld F=%ld: copy %.0f GB/s | fused %s (%.0f%% of copy) | two "
+          "passes %s (eff %.0f GB/s) | speed-up %.2fx\n",
+          long(n), long(f_dim), copy, f.str().c_str(), 100 * f.gb_per_s / copy, u.str().c_str(),
+          fused_bytes / (u.ms * 1e6), u.ms / f.ms);
     }
   }
 }

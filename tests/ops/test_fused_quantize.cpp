@@ -184,6 +184,39 @@ TEST(FusedQuantize, SwigluBackwardIsTheComposition) {
   }
 }
 
+// swiglu_bwd_quantize_with_h: both results equal the two ops run one after the other, for every
+// recipe of h (the down linear's input, forward state) and of dgate_up (backward state).
+TEST(FusedQuantize, SwigluBackwardWithHIsTheComposition) {
+  Context ctx(Device::cpu());
+  const std::vector<Recipe> rs = recipes();
+  for (const Shape2& s : kShapes) {
+    for (const Recipe& rc : rs) {
+      const Recipe& rh = rs[(&rc - rs.data() + 2) % rs.size()];  // another recipe for h
+      if (s.n % rc.align != 0 || (2 * s.d) % rc.align != 0) continue;
+      if (s.n % rh.align != 0 || s.d % rh.align != 0) continue;
+      SCOPED_TRACE(fmt::format("{}x{} dgate_up {} h {}", s.n, s.d, rc.name, rh.name));
+      const Tensor gu = source(s.n, 2 * s.d, 3.0, 23, true);  // [N, 2F]
+      const Tensor dy = source(s.n, s.d, 1.0, 24, true);      // [N, F]
+      DelayedScalingState s_ref = make_state(rc.pass), s_with = make_state(rc.pass);
+      DelayedScalingState h_ref = make_state(rh.pass), h_with = make_state(rh.pass);
+      QuantizedTensor q_ref, qh_ref, q, qh;
+      swiglu_fwd_quantize(ctx, TensorView(), gu, rh.make(&h_ref), qh_ref);
+      swiglu_bwd_quantize(ctx, TensorView(), dy, gu, rc.make(&s_ref), q_ref);
+      Tensor d = Tensor::empty({s.n, 2 * s.d}, DType::kBF16, Device::cpu());
+      Tensor d_ref = Tensor::empty({s.n, 2 * s.d}, DType::kBF16, Device::cpu());
+      swiglu_bwd(ctx, d_ref, dy, gu);
+      swiglu_bwd_quantize_with_h(ctx, d, dy, gu, rc.make(&s_with), q, rh.make(&h_with), qh);
+      EXPECT_TRUE(same_quantized(q_ref, q));
+      EXPECT_TRUE(same_quantized(qh_ref, qh));
+      EXPECT_TRUE(same_bytes("dgate_up", d_ref, d));
+      if (rc.delayed)
+        EXPECT_TRUE(same_bytes("history", s_ref.amax_history(), s_with.amax_history()));
+      if (rh.delayed)
+        EXPECT_TRUE(same_bytes("history", h_ref.amax_history(), h_with.amax_history()));
+    }
+  }
+}
+
 TEST(FusedQuantize, BadArgumentsAreUserErrors) {
   Context ctx(Device::cpu());
   const Device cpu = Device::cpu();
@@ -246,6 +279,19 @@ TEST(FusedQuantize, BadArgumentsAreUserErrors) {
   Tensor dout_f = Tensor::zeros({4, 8}, DType::kF32, cpu);
   EXPECT_TRUE(throws_user_error([&] { swiglu_bwd_quantize(ctx, TensorView(), dout_f, gu, cfg, q); },
                                 {"dout must be bf16"}));
+  // swiglu_bwd_quantize_with_h: the same checks, and two distinct outputs.
+  QuantizedTensor qh;
+  EXPECT_TRUE(throws_user_error(
+      [&] { swiglu_bwd_quantize_with_h(ctx, TensorView(), y_t, gu, cfg, q, cfg, qh); },
+      {"swiglu_bwd_quantize_with_h", "gate_up must be [N, 2F]"}));
+  EXPECT_TRUE(throws_user_error(
+      [&] { swiglu_bwd_quantize_with_h(ctx, TensorView(), dout, gu, cfg, q, cfg, q); },
+      {"swiglu_bwd_quantize_with_h", "different tensors"}));
+  EXPECT_TRUE(throws_user_error(
+      [&] {
+        swiglu_bwd_quantize_with_h(ctx, TensorView(), dout, gu, cfg, q, QuantConfig::mx(), qh);
+      },
+      {"multiple of 32"}));
 }
 
 }  // namespace

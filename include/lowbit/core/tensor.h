@@ -11,6 +11,8 @@
 #include "lowbit/core/device.h"
 #include "lowbit/core/dtype.h"
 
+struct CUstream_st;  // cudaStream_t
+
 namespace lowbit {
 
 inline constexpr int kMaxDims = 6;
@@ -89,5 +91,9 @@ class Tensor {
 void copy_tensor(const TensorView& dst, const TensorView& src);
 // Sets every byte of a contiguous view.
 void fill_bytes(const TensorView& dst, uint8_t byte);
+// The same, ordered on `stream` (a Context's stream) instead of the legacy default stream: for
+// the small per-op fills inside a step (an amax to accumulate into), where a legacy-stream
+// memset would put a cross-stream dependency between two kernels. Device views only.
+void fill_bytes_on(const TensorView& dst, uint8_t byte, CUstream_st* stream);
 
 }  // namespace lowbit
