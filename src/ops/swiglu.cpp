@@ -24,6 +24,23 @@ void check_rows(const char* op, const char* name, const TensorView& rows,
   check_contiguous(op, "gate_up", gate_up);
 }
 
+// The arguments of the quantizing backwards: dout [N, F] and gate_up [N, 2F] bf16, dgate_up
+// like gate_up or absent.
+void check_bwd_quantize(const char* op, Context& ctx, const TensorView& dgate_up,
+                        const TensorView& dout, const TensorView& gate_up) {
+  check_devices(op, ctx, {{"dout", &dout}, {"gate_up", &gate_up}});
+  check_rows(op, "dout", dout, gate_up);
+  // bf16 only (no f32 on the CPU): what is quantized is dgate_up rounded to bf16.
+  check_dtype(op, "gate_up", gate_up, DType::kBF16);
+  check_dtype(op, "dout", dout, DType::kBF16);
+  if (!absent(dgate_up)) {
+    check_devices(op, ctx, {{"dgate_up", &dgate_up}});
+    check_dtype(op, "dgate_up", dgate_up, DType::kBF16);
+    check_same_shape(op, "dgate_up", dgate_up, "gate_up", gate_up);
+    check_contiguous(op, "dgate_up", dgate_up);
+  }
+}
+
 }  // namespace
 
 void swiglu_fwd(Context& ctx, const TensorView& out, const TensorView& gate_up) {
@@ -64,18 +81,7 @@ void swiglu_fwd_quantize(Context& ctx, const TensorView& h, const TensorView& ga
 
 void swiglu_bwd_quantize(Context& ctx, const TensorView& dgate_up, const TensorView& dout,
                          const TensorView& gate_up, const QuantConfig& cfg, QuantizedTensor& out) {
-  const char* op = "swiglu_bwd_quantize";
-  check_devices(op, ctx, {{"dout", &dout}, {"gate_up", &gate_up}});
-  check_rows(op, "dout", dout, gate_up);
-  // bf16 only (no f32 on the CPU): what is quantized is dgate_up rounded to bf16.
-  check_dtype(op, "gate_up", gate_up, DType::kBF16);
-  check_dtype(op, "dout", dout, DType::kBF16);
-  if (!absent(dgate_up)) {
-    check_devices(op, ctx, {{"dgate_up", &dgate_up}});
-    check_dtype(op, "dgate_up", dgate_up, DType::kBF16);
-    check_same_shape(op, "dgate_up", dgate_up, "gate_up", gate_up);
-    check_contiguous(op, "dgate_up", dgate_up);
-  }
+  check_bwd_quantize("swiglu_bwd_quantize", ctx, dgate_up, dout, gate_up);
   if (ctx.on_gpu() && fp8_delayed_fusable(cfg, ctx.device()) &&
       swiglu_bwd_quantize_cuda(ctx, dgate_up, dout, gate_up, cfg, out)) {
     return;
@@ -89,16 +95,7 @@ void swiglu_bwd_quantize_with_h(Context& ctx, const TensorView& dgate_up, const 
                                 QuantizedTensor& out, const QuantConfig& h_cfg,
                                 QuantizedTensor& h_out) {
   const char* op = "swiglu_bwd_quantize_with_h";
-  check_devices(op, ctx, {{"dout", &dout}, {"gate_up", &gate_up}});
-  check_rows(op, "dout", dout, gate_up);
-  check_dtype(op, "gate_up", gate_up, DType::kBF16);
-  check_dtype(op, "dout", dout, DType::kBF16);
-  if (!absent(dgate_up)) {
-    check_devices(op, ctx, {{"dgate_up", &dgate_up}});
-    check_dtype(op, "dgate_up", dgate_up, DType::kBF16);
-    check_same_shape(op, "dgate_up", dgate_up, "gate_up", gate_up);
-    check_contiguous(op, "dgate_up", dgate_up);
-  }
+  check_bwd_quantize(op, ctx, dgate_up, dout, gate_up);
   LOWBIT_USER_CHECK(&out != &h_out, "{}: out and h_out must be different tensors", op);
   if (ctx.on_gpu() && fp8_delayed_fusable(cfg, ctx.device()) &&
       fp8_delayed_fusable(h_cfg, ctx.device()) &&

@@ -313,23 +313,14 @@ bool swiglu_bwd_quantize_cuda(Context& ctx, const TensorView& dgate_up, const Te
   const bool vec_t = n % 16 == 0 && (ep.qt == nullptr || aligned16(ep.qt)) &&
                      (hep.qt == nullptr || aligned16(hep.qt));
   const dim3 grid(static_cast<unsigned>(ceil_div(n, kTM)), static_cast<unsigned>(ceil_div(f, kTK)));
-  cudaStream_t st = ctx.stream();
-  if (cfg.columnwise) {
-    if (with_h) {
-      swiglu_bwd_fp8_kernel<true, true, 2>
-          <<<grid, kThreads, 0, st>>>(dgu, dy, gu, n, f, vec_t, ep, hep);
-    } else {
-      swiglu_bwd_fp8_kernel<true, false>
-          <<<grid, kThreads, 0, st>>>(dgu, dy, gu, n, f, vec_t, ep, hep);
-    }
-  } else {
-    if (with_h) {
-      swiglu_bwd_fp8_kernel<false, true, 2>
-          <<<grid, kThreads, 0, st>>>(dgu, dy, gu, n, f, vec_t, ep, hep);
-    } else {
-      swiglu_bwd_fp8_kernel<false, false>
-          <<<grid, kThreads, 0, st>>>(dgu, dy, gu, n, f, vec_t, ep, hep);
-    }
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kThreads, 0, ctx.stream()>>>(dgu, dy, gu, n, f, vec_t, ep, hep);
+  };
+  switch ((cfg.columnwise ? 2 : 0) + (with_h ? 1 : 0)) {
+    case 0: launch(swiglu_bwd_fp8_kernel<false, false>); break;
+    case 1: launch(swiglu_bwd_fp8_kernel<false, true, 2>); break;
+    case 2: launch(swiglu_bwd_fp8_kernel<true, false>); break;
+    default: launch(swiglu_bwd_fp8_kernel<true, true, 2>); break;
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
   return true;
