@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -229,10 +230,14 @@ std::string format_kernel_summary(const KernelSummary& s, int per, const std::st
   }
   if (!s.idle.empty()) {
     out += "# idle time by gap length (per step): ";
-    const char* labels[] = {"<= 2 us", "2-10 us", "10-100 us", "> 100 us"};
-    for (size_t i = 0; i < s.idle.size() && i < 4; ++i) {
-      out += fmt::format("{}{} {:.1f} gaps {:.3f} ms", i ? ", " : "", labels[i],
-                         double(s.idle[i].gaps) / n, s.idle[i].total_ms / n);
+    for (size_t i = 0; i < s.idle.size(); ++i) {
+      const IdleBucket& b = s.idle[i];
+      const std::string label = i == 0 ? fmt::format("<= {:g} us", b.max_us)
+                                : std::isinf(b.max_us)
+                                    ? fmt::format("> {:g} us", s.idle[i - 1].max_us)
+                                    : fmt::format("{:g}-{:g} us", s.idle[i - 1].max_us, b.max_us);
+      out += fmt::format("{}{} {:.1f} gaps {:.3f} ms", i ? ", " : "", label, double(b.gaps) / n,
+                         b.total_ms / n);
     }
     out += "\n";
   }

@@ -326,6 +326,32 @@ void bench_preset(Context& ctx, Recorder& rec, const OpsBenchPreset& p) {
     rec.failed("swiglu fwd+fp8", name, e.what());
   }
 
+  // The SwiGLU backward + FP8 (dgate_up row+col, E5M2) that also remakes h's columnwise codes
+  // for the down linear's wgrad, against the backward plus a separate recompute pass over
+  // gate_up; both rows count the fused traffic (gate_up and dout read, codes written).
+  try {
+    Tensor gu = Tensor::empty({N, 2 * F}, bf, dev), dout = Tensor::empty({N, F}, bf, dev);
+    fill_normal(gu, 1.0f, 10, s);
+    fill_normal(dout, 1e-3f, 11, s);
+    DelayedScalingState fwd(DelayedScalingConfig{}, ScalingPass::kForward, 1, dev);
+    DelayedScalingState bwd(DelayedScalingConfig{}, ScalingPass::kBackward, 1, dev);
+    QuantConfig cfg = QuantConfig::fp8_delayed(bwd, 0);
+    QuantConfig h_cfg = QuantConfig::fp8_delayed(fwd, 0);
+    h_cfg.rowwise = false;
+    h_cfg.columnwise = true;
+    const std::string sh = dims({{"N", N}, {"F", F}});
+    const double bytes = 2.0 * N * 2 * F + 2.0 * N * F + 2 * 2.0 * N * F + 1.0 * N * F;
+    QuantizedTensor q, qh;
+    rec.row("swiglu bwd+fp8+h fused", name, sh, bytes, 0,
+            [&] { swiglu_bwd_quantize_with_h(ctx, TensorView(), dout, gu, cfg, q, h_cfg, qh); });
+    rec.row("swiglu bwd+fp8+h two passes", name, sh, bytes, 0, [&] {
+      swiglu_fwd_quantize(ctx, TensorView(), gu, h_cfg, qh);
+      swiglu_bwd_quantize(ctx, TensorView(), dout, gu, cfg, q);
+    });
+  } catch (const std::exception& e) {
+    rec.failed("swiglu bwd+fp8+h", name, e.what());
+  }
+
   // Residual add x += y over [N, D] bf16: two reads, one write.
   try {
     Tensor a = Tensor::empty({N, D}, bf, dev), b = Tensor::empty({N, D}, bf, dev);

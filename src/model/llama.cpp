@@ -290,11 +290,20 @@ struct LlamaModel::Impl {
       return;
     }
     QuantizedTensor dyq_own;
-    if (dyq_in == nullptr) quantize(ctx, dy, bind(p.dy, lin, 2, dx != nullptr, true), dyq_own);
+    if (dyq_in == nullptr) dyq_own = quantize_dy(lin, dy, dx != nullptr);
     const QuantizedTensor& dyq = dyq_in != nullptr ? *dyq_in : dyq_own;
-    record_clip_stats(lin, 2, dy, dyq);
+    if (dyq_in != nullptr) record_clip_stats(lin, 2, dy, dyq);
     if (dx) linear_dgrad_quantized(lin, dyq, *dx);
     linear_wgrad_quantized(lin, dyq, saved);
+  }
+
+  // A quantized linear's dY: the columnwise copy (wgrad) and, for dgrad, the rowwise one; its
+  // clip statistics recorded.
+  QuantizedTensor quantize_dy(int lin, const TensorView& dy, bool rowwise) {
+    QuantizedTensor dyq;
+    quantize(ctx, dy, bind(precision(lin).dy, lin, 2, rowwise, true), dyq);
+    record_clip_stats(lin, 2, dy, dyq);
+    return dyq;
   }
 
   // The two halves of a quantized linear_bwd, for a caller that runs other work between them:
@@ -478,8 +487,7 @@ struct LlamaModel::Impl {
     QuantizedTensor dy_down;  // the down linear's dY: its columnwise copy waits for the wgrad
     if (h_from_bwd) {
       const NvtxRange range(linear_name(lin0 + 3) + " backward (dgrad)");
-      quantize(ctx, dx, bind(pdown.dy, lin0 + 3, 2, true, true), dy_down);
-      record_clip_stats(lin0 + 3, 2, dx, dy_down);
+      dy_down = quantize_dy(lin0 + 3, dx, true);
       linear_dgrad_quantized(lin0 + 3, dy_down, dh.view());
       dy_down.rowwise_data = Tensor();  // only the columnwise copy is read from here on
       dy_down.rowwise_scale_inv = Tensor();

@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads)
 //
 // kH: the block also remakes the forward's h = silu(gate)·up from the gate and up it has loaded
 // (one sigmoid serves both) and quantizes it under its own state (hep: the down linear's input),
-// the bytes swiglu_fwd_quantize_kernel writes: its columnwise copy [F, N] (and rowwise codes when
+// the bytes swiglu_fwd_fp8_kernel writes: its columnwise copy [F, N] (and rowwise codes when
 // hep.q is set). The down linear's wgrad then needs no separate pass over gate_up.
 
 // dgate_up [N, 2F] bf16 (or null) and ep's q [N, 2F] / qt [2F, N] FP8, scale_inv and amax from
