@@ -58,6 +58,21 @@ void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const
 void rmsnorm_fwd_quantize(Context& ctx, const TensorView& y, const TensorView& rstd,
                           const TensorView& x, const TensorView& w, float eps,
                           const QuantConfig& cfg, QuantizedTensor& out);
+// The backward with the two quantizations a pre-norm block's backward needs around it, each
+// optional (a null config skips it; at least one is asked for):
+//  * y_cfg: the forward's output remade, quantized (the following linear's input, whose
+//    columnwise copy its wgrad reads): exactly rmsnorm_fwd_quantize(ctx, {}, {}, x, w, eps,
+//    *y_cfg, *y_out);
+//  * then rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, residual), dx always written;
+//  * dx_cfg: quantize(ctx, dx, *dx_cfg, *dx_out) (the preceding linear's dY).
+// rstd must be the one rmsnorm_fwd wrote for x (dx reads it; y recomputes it from x, the same
+// bits). On the GPU, one pass when every config given is per-tensor FP8 with delayed scaling
+// (D % 8 == 0, the staged tiles within a block's shared memory); otherwise the steps in turn.
+void rmsnorm_bwd_quantize(Context& ctx, const TensorView& dx, const TensorView& dw,
+                          const TensorView& dout, const TensorView& x, const TensorView& w,
+                          const TensorView& rstd, const TensorView& residual, float eps,
+                          const QuantConfig* dx_cfg, QuantizedTensor* dx_out,
+                          const QuantConfig* y_cfg, QuantizedTensor* y_out);
 
 // ---- rotary position embedding -----------------------------------------------------------
 struct RopeConfig {
@@ -80,6 +95,15 @@ void rope_table(Context& ctx, const TensorView& table, const RopeConfig& cfg);
 // qkv activation; the last dim must be contiguous). bwd rotates by −angle.
 void rope_fwd(Context& ctx, const TensorView& y, const TensorView& x, const TensorView& table);
 void rope_bwd(Context& ctx, const TensorView& dx, const TensorView& dy, const TensorView& table);
+// The backward of a fused qkv activation's rotation with the quantization of the whole gradient
+// (the qkv linear's dY): dy [B, T, nH, Dh] bf16, contiguous, holds the gradients of all nH
+// heads, of which the first n_rot (q and k) were rotated in the forward. dx (the same shape, or
+// dy itself, or an empty TensorView() when no bf16 result is needed) = dy with heads [0, n_rot)
+// rotated back and the rest copied, and out = quantize(dx viewed as [B·T, nH·Dh], cfg): exactly
+// rope_bwd on those heads followed by quantize(). On the GPU one pass over dy for per-tensor FP8
+// with delayed scaling (Dh/2 % 8 == 0, Dh ≤ 256); otherwise the steps in turn.
+void rope_bwd_quantize(Context& ctx, const TensorView& dx, const TensorView& dy, int64_t n_rot,
+                       const TensorView& table, const QuantConfig& cfg, QuantizedTensor& out);
 
 // ---- causal attention with grouped-query heads ---------------------------------------------
 // q [B, T, H, Dh], k and v [B, T, Hkv, Dh] bf16 (strided views allowed, last dim contiguous;

@@ -270,6 +270,43 @@ void bench_preset(Context& ctx, Recorder& rec, const OpsBenchPreset& p) {
     rec.failed("rmsnorm fwd+fp8", name, e.what());
   }
 
+  // The RMSNorm backward of a pre-norm block as the model runs it: dx += the norm's gradient
+  // (residual aliasing dx), quantized as the previous linear's dY (E5M2 row+col), and the norm
+  // output remade as the next linear's columnwise wgrad input — fused, against rmsnorm_bwd, the
+  // cast and the recompute (rmsnorm_fwd_quantize) one after the other. Both rows count the fused
+  // traffic (dout, x, dx read; dx, 3 copies of codes written).
+  try {
+    Tensor x = Tensor::empty({N, D}, bf, dev), w = Tensor::empty({D}, bf, dev);
+    Tensor dout = Tensor::empty({N, D}, bf, dev), dx = Tensor::empty({N, D}, bf, dev);
+    Tensor y = Tensor::empty({N, D}, bf, dev), rstd = Tensor::empty({N}, f32, dev);
+    Tensor dw = Tensor::zeros({D}, f32, dev);
+    fill_normal(x, 1.0f, 3, s);
+    fill_normal(w, 1.0f, 4, s);
+    fill_normal(dout, 1e-3f, 12, s);
+    fill_normal(dx, 1e-3f, 13, s);
+    rmsnorm_fwd(ctx, y, rstd, x, w, mc.norm_eps);
+    DelayedScalingState fwd(DelayedScalingConfig{}, ScalingPass::kForward, 1, dev);
+    DelayedScalingState bwd(DelayedScalingConfig{}, ScalingPass::kBackward, 1, dev);
+    const QuantConfig dx_cfg = QuantConfig::fp8_delayed(bwd, 0);
+    QuantConfig y_cfg = QuantConfig::fp8_delayed(fwd, 0);
+    y_cfg.rowwise = false;
+    y_cfg.columnwise = true;
+    const std::string sh = dims({{"N", N}, {"D", D}});
+    const double bytes = 3 * 2.0 * N * D + 2.0 * D + 4.0 * N + 2.0 * N * D + 3.0 * N * D;
+    QuantizedTensor dxq, yq;
+    rec.row("rmsnorm bwd+fp8+y fused", name, sh, bytes, 0, [&] {
+      rmsnorm_bwd_quantize(ctx, dx, dw, dout, x, w, rstd, dx, mc.norm_eps, &dx_cfg, &dxq, &y_cfg,
+                           &yq);
+    });
+    rec.row("rmsnorm bwd+fp8+y three passes", name, sh, bytes, 0, [&] {
+      rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), x, w, mc.norm_eps, y_cfg, yq);
+      rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, dx);
+      quantize(ctx, dx, dx_cfg, dxq);
+    });
+  } catch (const std::exception& e) {
+    rec.failed("rmsnorm bwd+fp8+y", name, e.what());
+  }
+
   // RoPE in place on the q heads of a fused qkv activation [B, T, H + 2·Hkv, Dh]: q read and
   // written once, the [T, Dh/2, 2] f32 table read once.
   try {
@@ -284,6 +321,31 @@ void bench_preset(Context& ctx, Recorder& rec, const OpsBenchPreset& p) {
     rec.row("rope bwd (q)", name, sh, bytes, 0, [&] { rope_bwd(ctx, q, q, table); });
   } catch (const std::exception& e) {
     rec.failed("rope", name, e.what());
+  }
+
+  // The qkv gradient's rotation back fused with its quantization as the qkv linear's dY (E5M2
+  // row+col), against rope_bwd in place on dq, dk and the cast of the whole [N, (H + 2·Hkv)·Dh]
+  // gradient; both rows count the fused traffic (dqkv read, two copies of codes written).
+  try {
+    const int64_t W = (H + 2 * Hkv) * Dh;
+    Tensor dqkv = Tensor::empty({B, T, H + 2 * Hkv, Dh}, bf, dev);
+    Tensor table = Tensor::empty({T, Dh / 2, 2}, f32, dev);
+    fill_normal(dqkv, 1e-3f, 14, s);
+    rope_table(ctx, table, mc.rope);
+    DelayedScalingState bwd(DelayedScalingConfig{}, ScalingPass::kBackward, 1, dev);
+    const QuantConfig cfg = QuantConfig::fp8_delayed(bwd, 0);
+    const std::string sh = dims({{"N", N}, {"W", W}, {"Dh", Dh}});
+    const double bytes = 2.0 * N * W + 2.0 * N * W + 4.0 * T * Dh;
+    QuantizedTensor q;
+    rec.row("rope bwd+fp8 fused", name, sh, bytes, 0,
+            [&] { rope_bwd_quantize(ctx, TensorView(), dqkv, H + Hkv, table, cfg, q); });
+    rec.row("rope bwd+fp8 two passes", name, sh, bytes, 0, [&] {
+      const TensorView dqk = heads_view(dqkv, 0, H + Hkv);
+      rope_bwd(ctx, dqk, dqk, table);
+      quantize(ctx, dqkv.view().reshape({N, W}), cfg, q);
+    });
+  } catch (const std::exception& e) {
+    rec.failed("rope bwd+fp8", name, e.what());
   }
 
   // SwiGLU: fwd reads gate_up [N, 2F], writes out [N, F]; bwd reads dout and gate_up, writes

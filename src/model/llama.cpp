@@ -16,7 +16,11 @@
 // step, the same scales, so its bytes equal the forward's (ForwardOptions::
 // recompute_quantized_inputs; tests/model checks the equality). h comes from the SwiGLU
 // backward itself when both MLP linears are quantized (swiglu_bwd_quantize_with_h: one pass
-// over gu), so the down linear's wgrad runs after it, its dgrad before.
+// over gu), so the down linear's wgrad runs after it, its dgrad before. Likewise ln1 and ln2 come
+// from the norms' backwards (rmsnorm_bwd_quantize: one pass over x_in / x_mid, which they read
+// anyway), so the qkv and gate_up wgrads run after the norm, their dgrads before; the same pass
+// quantizes dx as the dY of the linear before the norm (the attention projection, or the
+// previous block's down linear: handed over in pending_dy).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -84,6 +88,10 @@ struct LlamaModel::Impl {
   Tensor stats_counts;  // [L·4 + 1, 3, 2] i64: {saturated, underflow} per linear and operand
   std::vector<int64_t> stats_numel;  // [L·4 + 1, 3] elements counted (host)
   bool w_stats_done = false;         // weights are counted once per reset
+  // The dY of linear pending_dy_lin (a down linear), quantized by the norm backward that made it
+  // (the next block's first norm, or the final norm) and consumed by that linear's backward.
+  QuantizedTensor pending_dy;
+  int pending_dy_lin = -1;
 
   // Adds the clip statistics of operand `which` (0 x, 1 w, 2 dy) of linear `lin`.
   void record_clip_stats(int lin, int which, const TensorView& src, const QuantizedTensor& q) {
@@ -290,7 +298,7 @@ struct LlamaModel::Impl {
       return;
     }
     QuantizedTensor dyq_own;
-    if (dyq_in == nullptr) dyq_own = quantize_dy(lin, dy, dx != nullptr);
+    if (dyq_in == nullptr) dyq_own = take_dy(lin, dy, dx != nullptr);
     const QuantizedTensor& dyq = dyq_in != nullptr ? *dyq_in : dyq_own;
     if (dyq_in != nullptr) record_clip_stats(lin, 2, dy, dyq);
     if (dx) linear_dgrad_quantized(lin, dyq, *dx);
@@ -321,6 +329,46 @@ struct LlamaModel::Impl {
     wg.role = GemmRole::kWgrad;
     wg.beta = wgrad_beta(lin);  // accumulate into the fp32 gradient, or the step's first write
     gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(saved.xq), weight_grad(lin), wg);
+  }
+
+  // linear `lin`'s dY [N, ·]: the norm backward's quantized output when it made it (`pending`),
+  // else quantized here (rowwise too when a dgrad reads it).
+  QuantizedTensor take_dy(int lin, const TensorView& dy, bool rowwise) {
+    if (pending_dy_lin == lin) {
+      pending_dy_lin = -1;
+      return std::move(pending_dy);
+    }
+    return quantize_dy(lin, dy, rowwise);
+  }
+
+  // A pre-norm backward: dx [N, D] = rmsnorm_bwd(dout), plus dx's old value when `accumulate` (the
+  // residual stream), one rounding; dw into parameter p_w's gradient. When
+  // linear dy_lin (−1: none) is quantized, dx is also quantized as its dY (both copies) into
+  // pending_dy; when linear y_lin (−1: none) is quantized and has no columnwise input, the norm's
+  // output is remade as its wgrad input (s_y->xq) — one pass over the rows where the recipe allows
+  // (rmsnorm_bwd_quantize).
+  void norm_bwd(int p_w, const Tensor& x, const Tensor& rstd, const TensorView& dout, Tensor& dx,
+                bool accumulate, int dy_lin, int y_lin, LinearSaved* s_y) {
+    const TensorView residual = accumulate ? dx.view() : TensorView();
+    const bool want_dx = dy_lin >= 0 && precision(dy_lin).recipe != Recipe::kBF16;
+    const bool want_y =
+        y_lin >= 0 && precision(y_lin).recipe != Recipe::kBF16 && !s_y->xq.has_columnwise();
+    if (!want_dx && !want_y) {
+      rmsnorm_bwd(ctx, dx, arena.grad(p_w), dout, x, param(p_w), rstd, residual);
+      return;
+    }
+    QuantConfig dx_cfg, y_cfg;
+    if (want_dx) dx_cfg = bind(precision(dy_lin).dy, dy_lin, 2, true, true);
+    if (want_y) y_cfg = bind(precision(y_lin).x, y_lin, 0, false, true);
+    QuantizedTensor dxq;
+    rmsnorm_bwd_quantize(ctx, dx, arena.grad(p_w), dout, x, param(p_w), rstd, residual,
+                         cfg.norm_eps, want_dx ? &dx_cfg : nullptr, want_dx ? &dxq : nullptr,
+                         want_y ? &y_cfg : nullptr, want_y ? &s_y->xq : nullptr);
+    if (want_dx) {
+      record_clip_stats(dy_lin, 2, dx, dxq);
+      pending_dy = std::move(dxq);
+      pending_dy_lin = dy_lin;
+    }
   }
 
   // The columnwise copy of block l's linear k input, recomputed for wgrad (see the top of the
@@ -487,7 +535,7 @@ struct LlamaModel::Impl {
     QuantizedTensor dy_down;  // the down linear's dY: its columnwise copy waits for the wgrad
     if (h_from_bwd) {
       const NvtxRange range(linear_name(lin0 + 3) + " backward (dgrad)");
-      dy_down = quantize_dy(lin0 + 3, dx, true);
+      dy_down = take_dy(lin0 + 3, dx, true);
       linear_dgrad_quantized(lin0 + 3, dy_down, dh.view());
       dy_down.rowwise_data = Tensor();  // only the columnwise copy is read from here on
       dy_down.rowwise_scale_inv = Tensor();
@@ -519,15 +567,32 @@ struct LlamaModel::Impl {
       dy_down = QuantizedTensor();
     }
     Tensor dln = act({N, D}, adt, dev);
-    recompute_wgrad_input(l, 2, s);
-    linear_bwd(lin0 + 2, dguv, s.lin[2], &dln.view(), fused ? &dguq : nullptr);
-    s.lin[2] = {};
+    // When gate_up is quantized and its input's columnwise copy was not kept, the norm backward
+    // remakes it (rmsnorm_bwd_quantize) and the wgrad runs after the norm.
+    const bool gu_input_from_norm = fused && !s.lin[2].xq.has_columnwise();
+    if (gu_input_from_norm) {
+      const NvtxRange range(linear_name(lin0 + 2) + " backward (dgrad)");
+      record_clip_stats(lin0 + 2, 2, dguv, dguq);
+      linear_dgrad_quantized(lin0 + 2, dguq, dln.view());
+      dguq.rowwise_data = Tensor();  // only the columnwise copy is read from here on
+      dguq.rowwise_scale_inv = Tensor();
+    } else {
+      recompute_wgrad_input(l, 2, s);
+      linear_bwd(lin0 + 2, dguv, s.lin[2], &dln.view(), fused ? &dguq : nullptr);
+      s.lin[2] = {};
+      dguq = QuantizedTensor();
+    }
     dgu = Tensor();
-    dguq = QuantizedTensor();
-    // dx += the norm's input gradient (in the kernel, one rounding): dx now d(x_mid).
-    rmsnorm_bwd(ctx, dx, arena.grad(p_layer(l, 5)), dln, s.x_mid, param(p_layer(l, 5)), s.rstd2,
-                dx);
+    // dx += the norm's input gradient (in the kernel, one rounding): dx now d(x_mid), quantized
+    // as the attention projection's dY when that linear is.
+    norm_bwd(p_layer(l, 5), s.x_mid, s.rstd2, dln, dx, true, lin0 + 1, lin0 + 2, &s.lin[2]);
     s.x_mid = Tensor();
+    if (gu_input_from_norm) {
+      const NvtxRange range(linear_name(lin0 + 2) + " backward (wgrad)");
+      linear_wgrad_quantized(lin0 + 2, dguq, s.lin[2]);
+      s.lin[2] = {};
+      dguq = QuantizedTensor();
+    }
     // Attention.
     Tensor datt = act({N, int64_t(H) * Dh}, adt, dev);
     recompute_wgrad_input(l, 1, s);
@@ -548,14 +613,39 @@ struct LlamaModel::Impl {
     s.att = Tensor();
     s.qkv = Tensor();
     s.lse = Tensor();
-    const TensorView dqk = heads_view(dqkv, B, T, 0, H + Hkv, Dh);  // dq and dk, adjacent
-    rope_bwd(ctx, dqk, dqk, rope_rows(T));
-    recompute_wgrad_input(l, 0, s);
-    linear_bwd(lin0 + 0, dqkv, s.lin[0], &dln.view());
-    s.lin[0] = {};
+    // dq and dk rotated back. A quantized qkv linear takes its dY from the same pass
+    // (rope_bwd_quantize; dqkv is rewritten in bf16 only for the clip statistics).
+    const bool qkv_quantized = precision(lin0).recipe != Recipe::kBF16;
+    QuantizedTensor dqkvq;
+    if (qkv_quantized) {
+      const TensorView d4 = dqkv.view().reshape({B, T, H + 2 * Hkv, Dh});
+      rope_bwd_quantize(ctx, collect_stats ? d4 : TensorView(), d4, H + Hkv, rope_rows(T),
+                        bind(precision(lin0).dy, lin0, 2, true, true), dqkvq);
+    } else {
+      const TensorView dqk = heads_view(dqkv, B, T, 0, H + Hkv, Dh);  // dq and dk, adjacent
+      rope_bwd(ctx, dqk, dqk, rope_rows(T));
+    }
+    // As for gate_up: a quantized qkv linear without its input's columnwise copy gets it from the
+    // norm backward, which also quantizes dx as the previous block's down-linear dY.
+    const bool qkv_input_from_norm = qkv_quantized && !s.lin[0].xq.has_columnwise();
+    if (qkv_input_from_norm) {
+      const NvtxRange range(linear_name(lin0) + " backward (dgrad)");
+      record_clip_stats(lin0, 2, dqkv, dqkvq);
+      linear_dgrad_quantized(lin0, dqkvq, dln.view());
+      dqkvq.rowwise_data = Tensor();
+      dqkvq.rowwise_scale_inv = Tensor();
+    } else {
+      recompute_wgrad_input(l, 0, s);
+      linear_bwd(lin0 + 0, dqkv, s.lin[0], &dln.view(), qkv_quantized ? &dqkvq : nullptr);
+      s.lin[0] = {};
+    }
     dqkv = Tensor();
-    rmsnorm_bwd(ctx, dx, arena.grad(p_layer(l, 0)), dln, s.x_in, param(p_layer(l, 0)), s.rstd1,
-                dx);  // dx now d(x_in)
+    // dx now d(x_in).
+    norm_bwd(p_layer(l, 0), s.x_in, s.rstd1, dln, dx, true, l > 0 ? lin0 - 1 : -1, lin0, &s.lin[0]);
+    if (qkv_input_from_norm) {
+      const NvtxRange range(linear_name(lin0) + " backward (wgrad)");
+      linear_wgrad_quantized(lin0, dqkvq, s.lin[0]);
+    }
     s = BlockSaved();
   }
 
@@ -585,6 +675,8 @@ struct LlamaModel::Impl {
     collect_stats = opt.collect_quant_stats;
     overwrite_grads = backward && opt.overwrite_linear_grads;
     grad_written.assign(static_cast<size_t>(num_linears() + 1), 0);
+    pending_dy = QuantizedTensor();  // nothing carries over from an interrupted pass
+    pending_dy_lin = -1;
     Tensor tokens = upload_i32(tokens_in, N);
     Tensor x = act({N, D}, adt, dev);
     embedding_fwd(ctx, x, tokens.view().reshape({N}), param(p_embed));
@@ -643,7 +735,9 @@ struct LlamaModel::Impl {
     }
     if (!backward) return st;
     Tensor dx = act({N, D}, adt, dev);
-    rmsnorm_bwd(ctx, dx, arena.grad(p_norm), dlnf, x, param(p_norm), rstdf);
+    // dx = the final norm's input gradient, quantized as the last down linear's dY when that
+    // linear is.
+    norm_bwd(p_norm, x, rstdf, dlnf, dx, false, num_linears() - 1, -1, nullptr);
     dlnf = Tensor();
     lnf = Tensor();
     x = Tensor();

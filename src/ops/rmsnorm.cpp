@@ -84,10 +84,12 @@ void rmsnorm_fwd_quantize(Context& ctx, const TensorView& y, const TensorView& r
   rmsnorm_fwd_quantize_composed(ctx, y, rstd, x, w, eps, cfg, out);
 }
 
-void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const TensorView& dout,
-                 const TensorView& x, const TensorView& w, const TensorView& rstd,
-                 const TensorView& residual) {
-  const char* op = "rmsnorm_bwd";
+namespace {
+
+// The arguments of both backwards.
+void check_bwd(const char* op, Context& ctx, const TensorView& dx, const TensorView& dw,
+               const TensorView& dout, const TensorView& x, const TensorView& w,
+               const TensorView& rstd, const TensorView& residual) {
   check_devices(op, ctx,
                 {{"dx", &dx}, {"dw", &dw}, {"dout", &dout}, {"x", &x}, {"w", &w}, {"rstd", &rstd}});
   check_x_w(op, x, w);
@@ -108,12 +110,54 @@ void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const
     check_same_shape(op, "residual", residual, "x", x);
     check_contiguous(op, "residual", residual);
   }
+}
+
+}  // namespace
+
+void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const TensorView& dout,
+                 const TensorView& x, const TensorView& w, const TensorView& rstd,
+                 const TensorView& residual) {
+  check_bwd("rmsnorm_bwd", ctx, dx, dw, dout, x, w, rstd, residual);
   if (x.numel() == 0) return;
   if (ctx.on_gpu()) {
     rmsnorm_bwd_cuda(ctx, dx, dw, dout, x, w, rstd, residual);
   } else {
     rmsnorm_bwd_cpu(dx, dw, dout, x, w, rstd, residual);
   }
+}
+
+void rmsnorm_bwd_quantize(Context& ctx, const TensorView& dx, const TensorView& dw,
+                          const TensorView& dout, const TensorView& x, const TensorView& w,
+                          const TensorView& rstd, const TensorView& residual, float eps,
+                          const QuantConfig* dx_cfg, QuantizedTensor* dx_out,
+                          const QuantConfig* y_cfg, QuantizedTensor* y_out) {
+  const char* op = "rmsnorm_bwd_quantize";
+  check_bwd(op, ctx, dx, dw, dout, x, w, rstd, residual);
+  // bf16 only (no f32 on the CPU): what is quantized is dx (and y) rounded to bf16.
+  check_dtype(op, "x", x, DType::kBF16);
+  check_dtype(op, "dx", dx, DType::kBF16);
+  LOWBIT_USER_CHECK((dx_cfg == nullptr) == (dx_out == nullptr),
+                    "{}: dx_cfg and dx_out go together (both given or both null)", op);
+  LOWBIT_USER_CHECK((y_cfg == nullptr) == (y_out == nullptr),
+                    "{}: y_cfg and y_out go together (both given or both null)", op);
+  LOWBIT_USER_CHECK(dx_cfg != nullptr || y_cfg != nullptr,
+                    "{}: asks for no quantized output; call rmsnorm_bwd", op);
+  LOWBIT_USER_CHECK(dx_out == nullptr || dx_out != y_out,
+                    "{}: dx_out and y_out must be different tensors", op);
+  LOWBIT_USER_CHECK(std::isfinite(eps) && eps >= 0.0f,
+                    "{}: eps must be finite and non-negative, got {}", op, eps);
+  const Device dev = ctx.device();
+  if (ctx.on_gpu() && x.numel() > 0 && (dx_cfg == nullptr || fp8_delayed_fusable(*dx_cfg, dev)) &&
+      (y_cfg == nullptr || fp8_delayed_fusable(*y_cfg, dev)) &&
+      rmsnorm_bwd_quantize_cuda(ctx, dx, dw, dout, x, w, rstd, residual, eps, dx_cfg, dx_out, y_cfg,
+                                y_out)) {
+    return;
+  }
+  // Everything else (and the CPU): the definition, the steps in turn.
+  if (y_cfg != nullptr)
+    rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), x, w, eps, *y_cfg, *y_out);
+  rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, residual);
+  if (dx_cfg != nullptr) quantize(ctx, dx, *dx_cfg, *dx_out);
 }
 
 }  // namespace lowbit

@@ -39,5 +39,15 @@ bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorVi
 void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
                       const TensorView& dout, const TensorView& x, const TensorView& w,
                       const TensorView& rstd, const TensorView& residual);
+// Fused backward + the quantizations of rmsnorm_bwd_quantize, each config (when given) per-tensor
+// FP8 with delayed scaling: the bytes of the composition, dw included (the same row partition and
+// summation order as rmsnorm_bwd_cuda). Returns false, having done nothing, when the kernel's
+// preconditions (D % 8 == 0, aligned rows, at most 2 chunks per thread, the staged tiles in
+// shared memory) do not hold.
+bool rmsnorm_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
+                               const TensorView& dout, const TensorView& x, const TensorView& w,
+                               const TensorView& rstd, const TensorView& residual, float eps,
+                               const QuantConfig* dx_cfg, QuantizedTensor* dx_out,
+                               const QuantConfig* y_cfg, QuantizedTensor* y_out);
 
 }  // namespace lowbit::ops_detail

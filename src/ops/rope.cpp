@@ -4,6 +4,7 @@
 
 #include "lowbit/ops.h"
 #include "ops/ops_check.h"
+#include "ops/quant_epilogue.h"
 #include "ops/rope_impl.h"
 
 namespace lowbit {
@@ -33,9 +34,9 @@ void check_head_view(const char* op, const char* name, const TensorView& t) {
   }
 }
 
-// y = x rotated (sign = +1) or rotated back (sign = −1).
-void rope_apply(const char* op, const char* yname, const char* xname, Context& ctx,
-                const TensorView& y, const TensorView& x, const TensorView& table, float sign) {
+// The checks of rope_apply: views, table, aliasing.
+void rope_apply_checks(const char* op, const char* yname, const char* xname, Context& ctx,
+                       const TensorView& y, const TensorView& x, const TensorView& table) {
   check_devices(op, ctx, {{yname, &y}, {xname, &x}, {"table", &table}});
   check_head_view(op, xname, x);
   check_head_view(op, yname, y);
@@ -66,6 +67,13 @@ void rope_apply(const char* op, const char* yname, const char* xname, Context& c
                       "storage or in place",
                       op, yname, xname);
   }
+}
+
+// y = x rotated (sign = +1) or rotated back (sign = −1).
+void rope_apply(const char* op, const char* yname, const char* xname, Context& ctx,
+                const TensorView& y, const TensorView& x, const TensorView& table, float sign) {
+  rope_apply_checks(op, yname, xname, ctx, y, x, table);
+  if (x.numel() == 0) return;
   if (ctx.on_gpu()) {
     rope_apply_cuda(ctx, y, x, table, sign);
   } else {
@@ -111,6 +119,57 @@ void rope_fwd(Context& ctx, const TensorView& y, const TensorView& x, const Tens
 
 void rope_bwd(Context& ctx, const TensorView& dx, const TensorView& dy, const TensorView& table) {
   rope_apply("rope_bwd", "dx", "dy", ctx, dx, dy, table, -1.0f);
+}
+
+void rope_bwd_quantize(Context& ctx, const TensorView& dx, const TensorView& dy, int64_t n_rot,
+                       const TensorView& table, const QuantConfig& cfg, QuantizedTensor& out) {
+  const char* op = "rope_bwd_quantize";
+  check_devices(op, ctx, {{"dy", &dy}, {"table", &table}});
+  check_head_view(op, "dy", dy);
+  // bf16 only (no f32 on the CPU): what is quantized is dx rounded to bf16.
+  check_dtype(op, "dy", dy, DType::kBF16);
+  check_contiguous(op, "dy", dy);
+  const bool has_dx = !absent(dx);
+  if (has_dx) {
+    check_devices(op, ctx, {{"dx", &dx}});
+    check_head_view(op, "dx", dx);
+    check_dtype(op, "dx", dx, DType::kBF16);
+    check_same_shape(op, "dx", dx, "dy", dy);
+    check_contiguous(op, "dx", dx);
+    if (dx.data != dy.data) {
+      const auto [a0, a1] = byte_span(dx);
+      const auto [b0, b1] = byte_span(dy);
+      LOWBIT_USER_CHECK(a1 <= b0 || b1 <= a0,
+                        "{}: dx and dy overlap without being the same tensor; write to separate "
+                        "storage or in place",
+                        op);
+    }
+  }
+  const int64_t nh = dy.size(2);
+  LOWBIT_USER_CHECK(n_rot >= 0 && n_rot <= nh,
+                    "{}: n_rot = {} rotated heads, but dy has nH = {} heads", op, n_rot, nh);
+  const int64_t B = dy.size(0), T = dy.size(1), dh = dy.size(3);
+  // rope_bwd's checks of the table (and of dx against dy), whichever path runs.
+  rope_apply_checks(op, "dx", "dy", ctx, has_dx ? dx : dy, dy, table);
+  if (ctx.on_gpu() && dy.numel() > 0 && fp8_delayed_fusable(cfg, ctx.device()) &&
+      rope_bwd_quantize_cuda(ctx, dx, dy, n_rot, table, cfg, out)) {
+    return;
+  }
+  // Everything else (and the CPU): the definition, the steps in turn (into a scratch copy of dy
+  // when dx is absent).
+  Tensor scratch;
+  TensorView d = dx;
+  if (!has_dx) {
+    scratch = Tensor::empty(dy.shape, DType::kBF16, dy.device, MemCategory::kWorkspace);
+    d = scratch.view();  // [B, T, nH, Dh]
+  }
+  if (d.data != dy.data) copy_tensor(d, dy);
+  if (n_rot > 0) {
+    const TensorView rot(d.data, DType::kBF16, Shape{B, T, n_rot, dh}, d.strides,
+                         d.device);  // [B, T, n_rot, Dh], strided
+    rope_bwd(ctx, rot, rot, table);
+  }
+  quantize(ctx, d.reshape({B * T, nh * dh}), cfg, out);
 }
 
 }  // namespace lowbit

@@ -4,6 +4,7 @@
 // elements before writing them, so y may be x itself (no __restrict__ on them).
 #include "lowbit/core/cuda_check.h"
 #include "ops/ops_cuda.cuh"
+#include "ops/quant_epilogue.cuh"
 #include "ops/rope_impl.h"
 
 namespace lowbit::ops_detail {
@@ -59,7 +60,96 @@ __global__ void rope_kernel(uint16_t* y, const uint16_t* x, const float* __restr
   }
 }
 
+// ---- backward fused with per-tensor FP8 quantization (delayed scaling) -------------------------
+//
+// One block per tile of kRows rows (tokens) × one head of dy [N, nH·Dh] (N = B·T): thread (r, j)
+// takes row r and the pairs j·8 … j·8 + 7 of the head, rotates them back when the head is one of
+// the first n_rot (rope_kernel's arithmetic, sign −1), and hands both halves to the FP8
+// epilogue: bf16 rounding (stored to dx when asked), amax, rowwise codes to q, columnwise codes
+// staged in shared memory and written transposed (store_transposed) at the end. Blocks are
+// small (Dh/16 · kRows threads): many of them keep the loads in flight.
+constexpr int kRopeRows = 32;
+
+template <bool kCol>
+__global__ void __launch_bounds__(512)
+    rope_bwd_fp8_kernel(uint16_t* dx, const uint16_t* dy, const float* __restrict__ table,
+                        int64_t n_rows, int64_t t_len, int nh, int n_rot, int dh, bool vec_t,
+                        ops_detail::Fp8Epilogue ep) {
+  extern __shared__ __align__(16) uint8_t tile[];  // [kRopeRows][dh + 4] codes (kCol only)
+  const int pitch = dh + 4;                        // ≡ 4 (mod 8): see store_transposed
+  const int half = dh / 2, chunks = half / 8;
+  const int r = threadIdx.x / chunks, j = (threadIdx.x % chunks) * 8;
+  const int h = blockIdx.y;
+  const int64_t n0 = int64_t(blockIdx.x) * kRopeRows, n = n0 + r;
+  const int64_t width = int64_t(nh) * dh;
+  const float scale = *ep.scale;
+  float local_amax = 0.0f;
+  if (n < n_rows) {
+    const int64_t at = n * width + int64_t(h) * dh + j;  // element (n, h, j)
+    float lo[8], hi[8];
+    load8_rw(dy + at, lo);
+    load8_rw(dy + at + half, hi);
+    if (h < n_rot) {
+      const float* cs = table + ((n % t_len) * half + j) * 2;  // [8, 2] (cos, sin)
+      float c[16];
+      load8(cs, c);
+      load8(cs + 8, c + 8);
+      float ylo[8], yhi[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        rope_rotate(lo[k], hi[k], c[2 * k], -c[2 * k + 1], ylo[k], yhi[k]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        lo[k] = ylo[k];
+        hi[k] = yhi[k];
+      }
+    }
+    fp8_epilogue_chunk8<kCol>(lo, scale, ep.e5m2, dx != nullptr ? dx + at : nullptr,
+                              ep.q != nullptr ? ep.q + at : nullptr, tile + r * pitch + j,
+                              local_amax);
+    fp8_epilogue_chunk8<kCol>(hi, scale, ep.e5m2, dx != nullptr ? dx + at + half : nullptr,
+                              ep.q != nullptr ? ep.q + at + half : nullptr,
+                              tile + r * pitch + j + half, local_amax);
+  }
+  if constexpr (kCol) {
+    __syncthreads();  // the whole tile is staged
+    store_transposed<kRopeRows>(ep.qt, tile, pitch, n0, n_rows, int64_t(h) * dh, dh, vec_t);
+  }
+  fp8_epilogue_finish(local_amax, scale, ep);
+}
+
 }  // namespace
+
+bool rope_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorView& dy, int64_t n_rot,
+                            const TensorView& table, const QuantConfig& cfg, QuantizedTensor& out) {
+  const int64_t nb = dy.size(0), nt = dy.size(1), nh = dy.size(2), dh = dy.size(3);
+  const int64_t n = nb * nt;
+  uint16_t* dxp = absent(dx) ? nullptr : dx.ptr<uint16_t>();
+  const uint16_t* dyp = dy.ptr<const uint16_t>();
+  const float* tab = table.ptr<const float>();
+  // Preconditions (else the caller runs the composition): 16-byte vectors of 8 pairs, at most
+  // 512 threads per block, the grid's head dimension.
+  if (dh % 16 != 0 || dh > 256 || nh > 65535 || !aligned16(dyp) || !aligned16(tab) ||
+      (dxp != nullptr && !aligned16(dxp))) {
+    return false;
+  }
+  const Fp8Epilogue ep = fp8_epilogue_outputs(ctx, cfg, n, nh * dh, out);
+  const bool col = cfg.columnwise;
+  const size_t smem = col ? size_t(kRopeRows) * size_t(dh + 4) : 0;
+  const bool vec_t = n % 16 == 0 && aligned16(ep.qt);
+  const dim3 grid(static_cast<unsigned>(ceil_div(n, kRopeRows)), static_cast<unsigned>(nh));
+  const int threads = int(kRopeRows * (dh / 16));
+  cudaStream_t s = ctx.stream();
+  if (col) {
+    rope_bwd_fp8_kernel<true>
+        <<<grid, threads, smem, s>>>(dxp, dyp, tab, n, nt, int(nh), int(n_rot), int(dh), vec_t, ep);
+  } else {
+    rope_bwd_fp8_kernel<false>
+        <<<grid, threads, smem, s>>>(dxp, dyp, tab, n, nt, int(nh), int(n_rot), int(dh), vec_t, ep);
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH();
+  return true;
+}
 
 void rope_apply_cuda(Context& ctx, const TensorView& y, const TensorView& x,
                      const TensorView& table, float sign) {

@@ -7,6 +7,7 @@
 
 #include "lowbit/core/hd.h"
 #include "lowbit/ops.h"
+#include "lowbit/quant.h"
 
 namespace lowbit::ops_detail {
 
@@ -38,5 +39,12 @@ void rope_apply_cpu(const TensorView& y, const TensorView& x, const TensorView& 
 // CUDA (rope.cu), bf16, on ctx.stream().
 void rope_apply_cuda(Context& ctx, const TensorView& y, const TensorView& x,
                      const TensorView& table, float sign);
+
+// Fused rope_bwd_quantize for per-tensor FP8 with delayed scaling (cfg passed
+// fp8_delayed_fusable; dx absent, dy itself, or a separate contiguous tensor): the bytes of the
+// composition. Returns false, having done nothing, when the kernel's preconditions (Dh/2 % 8 == 0,
+// Dh ≤ 256, 16-byte aligned rows) do not hold.
+bool rope_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorView& dy, int64_t n_rot,
+                            const TensorView& table, const QuantConfig& cfg, QuantizedTensor& out);
 
 }  // namespace lowbit::ops_detail

@@ -224,6 +224,102 @@ void check_swiglu_bwd_h(int64_t n, int64_t f, Src src, Copies cp, Copies cp_h, b
   check_quantized(h_f, h_u, hv_u, delayed, cp_h, st_h);
 }
 
+// rmsnorm_bwd_quantize: dx's codes (the previous linear's dY, E5M2 state, copies cp_dx; absent
+// when cp_dx is null) and the forward's y remade (forward state, copies cp_y; absent when null),
+// with the residual aliasing dx (the model's case) or none, against the GPU composition
+// rmsnorm_fwd_quantize, rmsnorm_bwd, quantize: dx and dw (accumulated onto a non-zero start)
+// byte for byte, guards intact, and each quantized copy against the CPU quantize() of the GPU's
+// bf16 values.
+void check_rmsnorm_bwd(int64_t n, int64_t d, Src src, const Copies* cp_dx, const Copies* cp_y,
+                       bool delayed, bool residual) {
+  SCOPED_TRACE(fmt::format("rmsnorm_bwd_quantize {}x{} {} dx {} y {} {} {}", n, d, src_name(src),
+                           cp_dx ? cp_dx->name : "-", cp_y ? cp_y->name : "-",
+                           delayed ? "delayed" : "current", residual ? "residual" : "no residual"));
+  Context ctx(kGpu);
+  const Tensor x = Tensor::copy_of(source(n, d, src, 2.0, 1), kGpu);     // [N, D]
+  const Tensor dout = Tensor::copy_of(source(n, d, src, 1.0, 5), kGpu);  // [N, D]
+  const Tensor res0 = Tensor::copy_of(source(n, d, src, 0.5, 6), kGpu);  // [N, D] residual
+  const Tensor w = Tensor::copy_of(source(1, d, Src::kGaussian, 0.5, 2).view().reshape({d}), kGpu);
+  Tensor dw0 = Tensor::empty({d}, DType::kF32, Device::cpu());  // [D] the gradient so far
+  for (int64_t i = 0; i < d; ++i) dw0.ptr<float>()[i] = 0.25f * float(i % 7) - 0.5f;
+  Tensor rstd = Tensor::empty({n}, DType::kF32, kGpu),
+         y_u = Tensor::empty({n, d}, DType::kBF16, kGpu);
+  rmsnorm_fwd(ctx, y_u, rstd, x, w, kEps);
+  States st_dx(ScalingPass::kBackward, 0.75f), st_y(ScalingPass::kForward, 0.5f);
+  QuantConfig dxc_f, dxc_u, yc_f, yc_u;
+  if (cp_dx) {
+    dxc_f = make_cfg(delayed, st_dx.fused, *cp_dx);
+    dxc_u = make_cfg(delayed, st_dx.unfused, *cp_dx);
+  }
+  if (cp_y) {
+    yc_f = make_cfg(delayed, st_y.fused, *cp_y);
+    yc_u = make_cfg(delayed, st_y.unfused, *cp_y);
+  }
+  // Fused: dx starts as the residual (aliased) or as poison (no residual).
+  Guarded dx(Shape{n, d}, DType::kBF16);
+  if (residual) copy_tensor(dx.view, res0.view());
+  Tensor dw_f = Tensor::copy_of(dw0.view(), kGpu);
+  QuantizedTensor dxq_f, yq_f;
+  rmsnorm_bwd_quantize(ctx, dx.view, dw_f, dout, x, w, rstd, residual ? dx.view : TensorView(),
+                       kEps, cp_dx ? &dxc_f : nullptr, cp_dx ? &dxq_f : nullptr,
+                       cp_y ? &yc_f : nullptr, cp_y ? &yq_f : nullptr);
+  // The composition.
+  Tensor dx_u = Tensor::copy_of(res0.view(), kGpu);
+  Tensor dw_u = Tensor::copy_of(dw0.view(), kGpu);
+  QuantizedTensor dxq_u, yq_u;
+  if (cp_y) rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), x, w, kEps, yc_u, yq_u);
+  rmsnorm_bwd(ctx, dx_u, dw_u, dout, x, w, rstd, residual ? dx_u.view() : TensorView());
+  if (cp_dx) quantize(ctx, dx_u, dxc_u, dxq_u);
+  ctx.synchronize();
+  EXPECT_TRUE(same_bytes("dx", dx_u, dx.view));
+  EXPECT_TRUE(same_bytes("dw", dw_u, dw_f));
+  EXPECT_TRUE(dx.intact());
+  if (cp_dx) check_quantized(dxq_f, dxq_u, dx_u, delayed, *cp_dx, st_dx);
+  if (cp_y) check_quantized(yq_f, yq_u, y_u, delayed, *cp_y, st_y);
+}
+
+// rope_bwd_quantize (the qkv linear's dY, E5M2): dy [B, T, nH, Dh] with the first n_rot heads
+// rotated back, dx written separately, in place or not at all, against the GPU composition
+// (rope_bwd on those heads of a copy, then quantize): dx byte for byte, guards intact, codes.
+void check_rope_bwd(int64_t b, int64_t t, int64_t nh, int64_t dh, int64_t n_rot, Src src, Copies cp,
+                    bool delayed, int mode /*0 separate, 1 in place, 2 absent*/) {
+  SCOPED_TRACE(fmt::format("rope_bwd_quantize {}x{}x{}x{} rot {} {} {} {} dx {}", b, t, nh, dh,
+                           n_rot, src_name(src), cp.name, delayed ? "delayed" : "current",
+                           mode == 0   ? "separate"
+                           : mode == 1 ? "in place"
+                                       : "absent"));
+  Context ctx(kGpu);
+  const int64_t n = b * t, w = nh * dh;
+  const Shape shape{b, t, nh, dh};
+  Tensor table = Tensor::empty({t, dh / 2, 2}, DType::kF32, kGpu);
+  RopeConfig rc;
+  rc.theta = 500000.0f;
+  rope_table(ctx, table, rc);
+  const Tensor dy0 = Tensor::copy_of(source(n, w, src, 1.0, 7), kGpu);  // [B·T, nH·Dh]
+  States st(ScalingPass::kBackward, 0.75f);
+  // Fused.
+  Tensor dy = Tensor::copy_of(dy0.view(), kGpu);
+  Guarded dx(Shape{n, w}, DType::kBF16);
+  const TensorView dy4 = dy.view().reshape(shape);
+  const TensorView dx4 = mode == 0 ? dx.view.reshape(shape) : mode == 1 ? dy4 : TensorView();
+  QuantizedTensor q_f, q_u;
+  rope_bwd_quantize(ctx, dx4, dy4, n_rot, table, make_cfg(delayed, st.fused, cp), q_f);
+  // The composition.
+  Tensor d_u = Tensor::copy_of(dy0.view(), kGpu);
+  if (n_rot > 0) {
+    const TensorView d4 = d_u.view().reshape(shape);
+    const TensorView rot(d4.data, DType::kBF16, Shape{b, t, n_rot, dh}, d4.strides, kGpu);
+    rope_bwd(ctx, rot, rot, table);
+  }
+  quantize(ctx, d_u, make_cfg(delayed, st.unfused, cp), q_u);
+  ctx.synchronize();
+  if (mode == 0) EXPECT_TRUE(same_bytes("dx", d_u, dx.view));
+  if (mode == 1) EXPECT_TRUE(same_bytes("dx (in place)", d_u, dy));
+  if (mode != 1) EXPECT_TRUE(same_bytes("dy unchanged", dy0, dy));
+  EXPECT_TRUE(dx.intact());
+  check_quantized(q_f, q_u, d_u, delayed, cp, st);
+}
+
 struct Shape2 {
   int64_t n, d;
 };
@@ -257,6 +353,62 @@ TEST(GpuFusedQuantize, RmsNormModelShapes) {
     }
     check_rmsnorm(s.n, s.d, Src::kGaussian, kCopies[0], true, false);
   }
+}
+
+TEST(GpuFusedQuantize, RmsNormBackwardSmallShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  // kSmall, plus 5000 (two chunks per thread: one staged tile fits, two do not) and 4096 (two
+  // tiles do not fit: the composition; one does).
+  std::vector<Shape2> shapes(std::begin(kSmall), std::end(kSmall));
+  shapes.push_back({40, 5000});
+  shapes.push_back({96, 4096});
+  for (const Shape2& s : shapes) {
+    for (Src src : {Src::kGaussian, Src::kZeros, Src::kLarge, Src::kSpecials}) {
+      // The model's case (dx row+col, y col, residual), then each output alone and other copies.
+      check_rmsnorm_bwd(s.n, s.d, src, &kCopies[2], &kCopies[1], true, true);
+      check_rmsnorm_bwd(s.n, s.d, src, &kCopies[2], nullptr, true, true);
+      check_rmsnorm_bwd(s.n, s.d, src, nullptr, &kCopies[1], true, true);
+      check_rmsnorm_bwd(s.n, s.d, src, &kCopies[0], &kCopies[2], true, false);
+      check_rmsnorm_bwd(s.n, s.d, src, &kCopies[1], &kCopies[0], true, false);
+    }
+    check_rmsnorm_bwd(s.n, s.d, Src::kGaussian, &kCopies[2], &kCopies[1], false, true);
+  }
+}
+
+TEST(GpuFusedQuantize, RmsNormBackwardModelShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  for (const Shape2& s : {Shape2{16384, 2048}, Shape2{16384, 768}}) {
+    check_rmsnorm_bwd(s.n, s.d, Src::kGaussian, &kCopies[2], &kCopies[1], true, true);
+    check_rmsnorm_bwd(s.n, s.d, Src::kGaussian, &kCopies[2], nullptr, true, false);
+  }
+}
+
+TEST(GpuFusedQuantize, RopeBackwardSmallShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  struct Heads {
+    int64_t b, t, nh, dh, n_rot;
+  };
+  // Partial row tiles (B·T % 32 != 0), Dh 16 … 256, no rotated head, all rotated, Dh 8 (the
+  // composition: fewer than 8 pairs per half).
+  const Heads kHeads[] = {{1, 1, 2, 16, 1},   {2, 5, 3, 64, 2},  {3, 33, 6, 128, 4},
+                          {1, 48, 5, 256, 5}, {2, 40, 4, 64, 0}, {1, 7, 3, 8, 2},
+                          {2, 64, 12, 64, 10}};
+  for (const Heads& h : kHeads) {
+    for (Src src : {Src::kGaussian, Src::kZeros, Src::kLarge, Src::kSpecials}) {
+      for (const Copies& cp : kCopies)
+        check_rope_bwd(h.b, h.t, h.nh, h.dh, h.n_rot, src, cp, true, 2);
+    }
+    check_rope_bwd(h.b, h.t, h.nh, h.dh, h.n_rot, Src::kGaussian, kCopies[2], true, 0);
+    check_rope_bwd(h.b, h.t, h.nh, h.dh, h.n_rot, Src::kSpecials, kCopies[2], true, 1);
+    check_rope_bwd(h.b, h.t, h.nh, h.dh, h.n_rot, Src::kGaussian, kCopies[2], false, 2);
+  }
+}
+
+TEST(GpuFusedQuantize, RopeBackwardModelShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  // 1b (H 32, Hkv 8, Dh 64) and 8b-like (H 32, Hkv 8, Dh 128) qkv gradients, 8 × 2048 tokens.
+  check_rope_bwd(8, 2048, 48, 64, 40, Src::kGaussian, kCopies[2], true, 2);
+  check_rope_bwd(4, 2048, 48, 128, 40, Src::kGaussian, kCopies[2], true, 1);
 }
 
 TEST(GpuFusedQuantize, SwigluSmallShapes) {

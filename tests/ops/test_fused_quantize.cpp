@@ -217,6 +217,114 @@ TEST(FusedQuantize, SwigluBackwardWithHIsTheComposition) {
   }
 }
 
+// rmsnorm_bwd_quantize: dx, dw and each optional quantized output equal rmsnorm_fwd_quantize
+// (y), rmsnorm_bwd and quantize (dx) run one after the other, for every recipe of dx (the
+// previous linear's dY, backward state) paired with another for y (forward state), with the
+// residual aliasing dx or none.
+TEST(FusedQuantize, RmsNormBackwardIsTheComposition) {
+  Context ctx(Device::cpu());
+  const std::vector<Recipe> rs = recipes();
+  for (const Shape2& s : kShapes) {
+    for (const Recipe& rc : rs) {
+      const Recipe& ry = rs[(&rc - rs.data() + 3) % rs.size()];  // another recipe for y
+      if (s.n % rc.align != 0 || s.d % rc.align != 0) continue;
+      if (s.n % ry.align != 0 || s.d % ry.align != 0) continue;
+      for (const int outputs : {1, 2, 3}) {  // bit 0: dx's codes, bit 1: y's
+        const bool want_dx = outputs & 1, want_y = outputs & 2, residual = outputs != 2;
+        SCOPED_TRACE(fmt::format("{}x{} dx {} y {}{}", s.n, s.d, want_dx ? rc.name : "-",
+                                 want_y ? ry.name : "-", residual ? " residual" : ""));
+        const Tensor x = source(s.n, s.d, 2.0, 31, true);
+        const Tensor dout = source(s.n, s.d, 1.0, 32, true);
+        const Tensor res = source(s.n, s.d, 0.5, 33, false);
+        const Tensor w =
+            Tensor::copy_of(source(1, s.d, 0.5, 34, false).view().reshape({s.d}), Device::cpu());
+        Tensor rstd = Tensor::empty({s.n}, DType::kF32, Device::cpu());
+        Tensor y0 = Tensor::empty({s.n, s.d}, DType::kBF16, Device::cpu());
+        rmsnorm_fwd(ctx, y0, rstd, x, w, kEps);
+        DelayedScalingState dx_ref = make_state(rc.pass), dx_st = make_state(rc.pass);
+        DelayedScalingState y_ref = make_state(ry.pass), y_st = make_state(ry.pass);
+        // The definition.
+        Tensor d_ref = Tensor::copy_of(res.view(), Device::cpu());
+        Tensor dw_ref = Tensor::zeros({s.d}, DType::kF32, Device::cpu());
+        QuantizedTensor dxq_ref, yq_ref;
+        if (want_y) rmsnorm_fwd_quantize(ctx, {}, {}, x, w, kEps, ry.make(&y_ref), yq_ref);
+        rmsnorm_bwd(ctx, d_ref, dw_ref, dout, x, w, rstd, residual ? d_ref.view() : TensorView());
+        if (want_dx) quantize(ctx, d_ref, rc.make(&dx_ref), dxq_ref);
+        // The op.
+        Tensor d = Tensor::copy_of(res.view(), Device::cpu());
+        Tensor dw = Tensor::zeros({s.d}, DType::kF32, Device::cpu());
+        QuantizedTensor dxq, yq;
+        const QuantConfig dxc = rc.make(&dx_st), yc = ry.make(&y_st);
+        rmsnorm_bwd_quantize(ctx, d, dw, dout, x, w, rstd, residual ? d.view() : TensorView(), kEps,
+                             want_dx ? &dxc : nullptr, want_dx ? &dxq : nullptr,
+                             want_y ? &yc : nullptr, want_y ? &yq : nullptr);
+        EXPECT_TRUE(same_bytes("dx", d_ref, d));
+        EXPECT_TRUE(same_bytes("dw", dw_ref, dw));
+        if (want_dx) EXPECT_TRUE(same_quantized(dxq_ref, dxq));
+        if (want_y) EXPECT_TRUE(same_quantized(yq_ref, yq));
+        if (rc.delayed)
+          EXPECT_TRUE(same_bytes("history", dx_ref.amax_history(), dx_st.amax_history()));
+        if (ry.delayed)
+          EXPECT_TRUE(same_bytes("history", y_ref.amax_history(), y_st.amax_history()));
+      }
+    }
+  }
+}
+
+// rope_bwd_quantize: dx and the codes equal a copy of dy with rope_bwd applied to its first
+// n_rot heads, then quantize() of the [B·T, nH·Dh] matrix — with dx separate, in place (dx = dy)
+// or absent.
+TEST(FusedQuantize, RopeBackwardIsTheComposition) {
+  Context ctx(Device::cpu());
+  struct Heads {
+    int64_t b, t, nh, dh, n_rot;
+  };
+  const Heads kHeads[] = {{2, 5, 3, 16, 2}, {1, 7, 4, 32, 4}, {3, 4, 2, 8, 0}, {1, 16, 6, 64, 5}};
+  for (const Heads& hs : kHeads) {
+    const int64_t n = hs.b * hs.t, w = hs.nh * hs.dh;
+    Tensor table = Tensor::empty({hs.t, hs.dh / 2, 2}, DType::kF32, Device::cpu());
+    rope_table(ctx, table, RopeConfig{});
+    for (const Recipe& rc : recipes()) {
+      if (n % rc.align != 0 || w % rc.align != 0) continue;
+      for (const int mode : {0, 1, 2}) {  // dx separate, in place, absent
+        SCOPED_TRACE(fmt::format("{}x{}x{}x{} rot {} {} dx {}", hs.b, hs.t, hs.nh, hs.dh, hs.n_rot,
+                                 rc.name,
+                                 mode == 0   ? "separate"
+                                 : mode == 1 ? "in place"
+                                             : "absent"));
+        const Shape shape{hs.b, hs.t, hs.nh, hs.dh};
+        const Tensor dy0 = source(n, w, 1.0, 41, true);  // [B·T, nH·Dh]
+        DelayedScalingState s_ref = make_state(rc.pass), s_op = make_state(rc.pass);
+        // The definition.
+        Tensor d_ref = Tensor::copy_of(dy0.view(), Device::cpu());
+        const TensorView d4 = d_ref.view().reshape(shape);
+        if (hs.n_rot > 0) {
+          const TensorView rot(d4.data, DType::kBF16, Shape{hs.b, hs.t, hs.n_rot, hs.dh},
+                               d4.strides, Device::cpu());
+          rope_bwd(ctx, rot, rot, table);
+        }
+        QuantizedTensor q_ref;
+        quantize(ctx, d_ref, rc.make(&s_ref), q_ref);
+        // The op.
+        Tensor dy = Tensor::copy_of(dy0.view(), Device::cpu());
+        Tensor dx = Tensor::empty({n, w}, DType::kBF16, Device::cpu());
+        const TensorView dy4 = dy.view().reshape(shape);
+        const TensorView dx4 = mode == 0   ? dx.view().reshape(shape)
+                               : mode == 1 ? dy4
+                                           : TensorView();
+        QuantizedTensor q;
+        rope_bwd_quantize(ctx, dx4, dy4, hs.n_rot, table, rc.make(&s_op), q);
+        EXPECT_TRUE(same_quantized(q_ref, q));
+        if (mode == 0) EXPECT_TRUE(same_bytes("dx", d_ref, dx));
+        if (mode == 1) EXPECT_TRUE(same_bytes("dx (in place)", d_ref, dy));
+        if (mode != 1) EXPECT_TRUE(same_bytes("dy unchanged", dy0, dy));
+        if (rc.delayed)
+          EXPECT_TRUE(same_bytes("history", s_ref.amax_history(), s_op.amax_history()));
+      }
+    }
+  }
+}
+
 TEST(FusedQuantize, BadArgumentsAreUserErrors) {
   Context ctx(Device::cpu());
   const Device cpu = Device::cpu();
@@ -255,6 +363,61 @@ TEST(FusedQuantize, BadArgumentsAreUserErrors) {
   EXPECT_TRUE(
       throws_user_error([&] { rmsnorm_fwd_quantize(ctx, y, rstd, x, w, kEps, bad_slot, q); },
                         {"slot 5 out of range"}));
+
+  // rmsnorm_bwd_quantize: the outputs asked for, their pairing, and rmsnorm_bwd's own checks.
+  Tensor dx = Tensor::zeros({4, 8}, DType::kBF16, cpu), dw = Tensor::zeros({8}, DType::kF32, cpu);
+  QuantizedTensor q2;
+  EXPECT_TRUE(throws_user_error(
+      [&] {
+        rmsnorm_bwd_quantize(ctx, dx, dw, y, x, w, rstd, dx, kEps, nullptr, nullptr, nullptr,
+                             nullptr);
+      },
+      {"rmsnorm_bwd_quantize", "no quantized output", "rmsnorm_bwd"}));
+  EXPECT_TRUE(throws_user_error(
+      [&] {
+        rmsnorm_bwd_quantize(ctx, dx, dw, y, x, w, rstd, dx, kEps, &cfg, nullptr, nullptr, nullptr);
+      },
+      {"dx_cfg and dx_out go together"}));
+  EXPECT_TRUE(throws_user_error(
+      [&] { rmsnorm_bwd_quantize(ctx, dx, dw, y, x, w, rstd, dx, kEps, &cfg, &q, &cfg, &q); },
+      {"dx_out and y_out must be different"}));
+  EXPECT_TRUE(throws_user_error(
+      [&] {
+        rmsnorm_bwd_quantize(ctx, dx, dw, y, xf, w, rstd, dx, kEps, &cfg, &q, nullptr, nullptr);
+      },
+      {"rmsnorm_bwd_quantize", "x must be bf16"}));
+  Tensor dw_bad = Tensor::zeros({8}, DType::kBF16, cpu);
+  EXPECT_TRUE(throws_user_error(
+      [&] {
+        rmsnorm_bwd_quantize(ctx, dx, dw_bad, y, x, w, rstd, dx, kEps, &cfg, &q, nullptr, nullptr);
+      },
+      {"rmsnorm_bwd_quantize", "dw"}));
+  EXPECT_TRUE(throws_user_error(
+      [&] {
+        rmsnorm_bwd_quantize(ctx, dx, dw, y, x, w, rstd3, dx, kEps, nullptr, nullptr, &cfg, &q2);
+      },
+      {"rstd [N] has 3 entries"}));
+  EXPECT_TRUE(throws_user_error(
+      [&] {
+        rmsnorm_bwd_quantize(ctx, dx, dw, y, x, w, rstd, dx, NAN, nullptr, nullptr, &cfg, &q2);
+      },
+      {"eps"}));
+
+  // rope_bwd_quantize: heads, table, views.
+  Tensor d4 = Tensor::zeros({1, 4, 3, 16}, DType::kBF16, cpu);
+  Tensor tab = Tensor::zeros({4, 8, 2}, DType::kF32, cpu);
+  EXPECT_TRUE(throws_user_error([&] { rope_bwd_quantize(ctx, TensorView(), d4, 4, tab, cfg, q); },
+                                {"rope_bwd_quantize", "n_rot = 4", "nH = 3"}));
+  Tensor tab_short = Tensor::zeros({2, 8, 2}, DType::kF32, cpu);
+  EXPECT_TRUE(
+      throws_user_error([&] { rope_bwd_quantize(ctx, TensorView(), d4, 2, tab_short, cfg, q); },
+                        {"rope_bwd_quantize", "table has 2 positions"}));
+  Tensor d4f = Tensor::zeros({1, 4, 3, 16}, DType::kF32, cpu);
+  EXPECT_TRUE(throws_user_error([&] { rope_bwd_quantize(ctx, TensorView(), d4f, 2, tab, cfg, q); },
+                                {"rope_bwd_quantize", "dy must be bf16"}));
+  Tensor d4_other = Tensor::zeros({1, 4, 3, 8}, DType::kBF16, cpu);
+  EXPECT_TRUE(throws_user_error([&] { rope_bwd_quantize(ctx, d4_other, d4, 2, tab, cfg, q); },
+                                {"rope_bwd_quantize", "dx"}));
 
   Tensor gu = Tensor::zeros({4, 16}, DType::kBF16, cpu);
   EXPECT_TRUE(throws_user_error([&] { swiglu_fwd_quantize(ctx, y_t, gu, cfg, q); },
