@@ -215,8 +215,9 @@ struct ForwardOptions {
   // quant-stats buffer (one extra pass over each operand; for the steps that log them).
   bool collect_quant_stats = false;
   // The first micro-batch of a step: each linear's first weight-gradient GEMM writes its
-  // gradient (beta 0) instead of adding to it, so those gradients need no zeroing beforehand
-  // (LlamaModel::zero_grads(true) clears only the others). Off: every gradient is added to.
+  // gradient (beta 0) instead of adding to it, and so does each norm's backward, so those
+  // gradients need no zeroing beforehand (LlamaModel::zero_grads(true) clears only the others).
+  // Off: every gradient is added to.
   bool overwrite_linear_grads = false;
 };
 
@@ -267,9 +268,9 @@ class LlamaModel {
                              int seq_len, float grad_scale, const ForwardOptions& opt = {});
   // Zeroes the gradients before a step's first micro-batch: all of them, or with
   // `except_overwritten` only those that a forward_backward with overwrite_linear_grads does not
-  // write outright (the norms, and the embedding unless the head is tied to it) — the weight
-  // gradients of the linears and the head, most of the arena, then skip a memset and a read in
-  // their GEMMs.
+  // write outright (the embedding unless the head is tied to it) — the weight gradients of the
+  // linears, the head and the norms, most of the arena, then skip a memset and a read in their
+  // GEMMs and reductions.
   void zero_grads(bool except_overwritten);
   // Forward only: the loss (eval).
   StepStats forward_loss(const TensorView& tokens, const TensorView& targets, int batch,

@@ -38,12 +38,13 @@ void embedding_bwd(Context& ctx, const TensorView& dtable, const TensorView& tok
 // w [D] bf16.
 void rmsnorm_fwd(Context& ctx, const TensorView& out, const TensorView& rstd, const TensorView& x,
                  const TensorView& w, float eps);
-// dx [N, D] bf16 (overwritten), dw [D] f32 (+=), from dout [N, D] bf16 and the forward's x, w,
-// rstd. With `residual` [N, D] bf16 (may alias dx; a pre-norm block's residual-stream gradient)
-// dx = residual + the norm's input gradient, summed in fp32 and rounded once.
+// dx [N, D] bf16 (overwritten), dw [D] f32 (+=, or = when !accumulate_dw: the same bits as
+// zeroing it first), from dout [N, D] bf16 and the forward's x, w, rstd. With `residual` [N, D]
+// bf16 (may alias dx; a pre-norm block's residual-stream gradient) dx = residual + the norm's
+// input gradient, summed in fp32 and rounded once.
 void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const TensorView& dout,
                  const TensorView& x, const TensorView& w, const TensorView& rstd,
-                 const TensorView& residual = TensorView());
+                 const TensorView& residual = TensorView(), bool accumulate_dw = true);
 
 // RMSNorm fused with the quantization of its output for the next GEMM. The result is defined as
 // rmsnorm_fwd(ctx, y, rstd, x, w, eps) followed by quantize(ctx, y, cfg, out): `out` (and y,
@@ -63,7 +64,7 @@ void rmsnorm_fwd_quantize(Context& ctx, const TensorView& y, const TensorView& r
 //  * y_cfg: the forward's output remade, quantized (the following linear's input, whose
 //    columnwise copy its wgrad reads): exactly rmsnorm_fwd_quantize(ctx, {}, {}, x, w, eps,
 //    *y_cfg, *y_out);
-//  * then rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, residual), dx always written;
+//  * then rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, residual, accumulate_dw), dx always written;
 //  * dx_cfg: quantize(ctx, dx, *dx_cfg, *dx_out) (the preceding linear's dY).
 // rstd must be the one rmsnorm_fwd wrote for x (dx reads it; y recomputes it from x, the same
 // bits). On the GPU, one pass when every config given is per-tensor FP8 with delayed scaling
@@ -72,7 +73,8 @@ void rmsnorm_bwd_quantize(Context& ctx, const TensorView& dx, const TensorView& 
                           const TensorView& dout, const TensorView& x, const TensorView& w,
                           const TensorView& rstd, const TensorView& residual, float eps,
                           const QuantConfig* dx_cfg, QuantizedTensor* dx_out,
-                          const QuantConfig* y_cfg, QuantizedTensor* y_out);
+                          const QuantConfig* y_cfg, QuantizedTensor* y_out,
+                          bool accumulate_dw = true);
 
 // ---- rotary position embedding -----------------------------------------------------------
 struct RopeConfig {

@@ -85,6 +85,7 @@ struct LlamaModel::Impl {
   bool collect_stats = false;      // ForwardOptions::collect_quant_stats of this pass
   bool overwrite_grads = false;    // ForwardOptions::overwrite_linear_grads of this pass
   std::vector<char> grad_written;  // [L·4 + 1] the linear's gradient was written this pass
+  std::vector<char> norm_written;  // [params] the norm weight's gradient was written this pass
   Tensor stats_counts;  // [L·4 + 1, 3, 2] i64: {saturated, underflow} per linear and operand
   std::vector<int64_t> stats_numel;  // [L·4 + 1, 3] elements counted (host)
   bool w_stats_done = false;         // weights are counted once per reset
@@ -149,6 +150,13 @@ struct LlamaModel::Impl {
     const bool overwrite = overwrite_grads && grad_written[lin] == 0;
     grad_written[lin] = 1;
     return overwrite ? 0.0f : 1.0f;
+  }
+  // Whether norm weight p_w's backward adds to its gradient (false: the first write of a pass
+  // with overwrite_grads, which then needs no zeroing beforehand).
+  bool norm_accumulate(int p_w) {
+    const bool overwrite = overwrite_grads && norm_written[static_cast<size_t>(p_w)] == 0;
+    norm_written[static_cast<size_t>(p_w)] = 1;
+    return !overwrite;
   }
   TensorView weight_grad(int lin) const {
     const auto [first, last] = weight_params(lin);
@@ -350,11 +358,12 @@ struct LlamaModel::Impl {
   void norm_bwd(int p_w, const Tensor& x, const Tensor& rstd, const TensorView& dout, Tensor& dx,
                 bool accumulate, int dy_lin, int y_lin, LinearSaved* s_y) {
     const TensorView residual = accumulate ? dx.view() : TensorView();
+    const bool add_dw = norm_accumulate(p_w);
     const bool want_dx = dy_lin >= 0 && precision(dy_lin).recipe != Recipe::kBF16;
     const bool want_y =
         y_lin >= 0 && precision(y_lin).recipe != Recipe::kBF16 && !s_y->xq.has_columnwise();
     if (!want_dx && !want_y) {
-      rmsnorm_bwd(ctx, dx, arena.grad(p_w), dout, x, param(p_w), rstd, residual);
+      rmsnorm_bwd(ctx, dx, arena.grad(p_w), dout, x, param(p_w), rstd, residual, add_dw);
       return;
     }
     QuantConfig dx_cfg, y_cfg;
@@ -363,7 +372,7 @@ struct LlamaModel::Impl {
     QuantizedTensor dxq;
     rmsnorm_bwd_quantize(ctx, dx, arena.grad(p_w), dout, x, param(p_w), rstd, residual,
                          cfg.norm_eps, want_dx ? &dx_cfg : nullptr, want_dx ? &dxq : nullptr,
-                         want_y ? &y_cfg : nullptr, want_y ? &s_y->xq : nullptr);
+                         want_y ? &y_cfg : nullptr, want_y ? &s_y->xq : nullptr, add_dw);
     if (want_dx) {
       record_clip_stats(dy_lin, 2, dx, dxq);
       pending_dy = std::move(dxq);
@@ -675,6 +684,7 @@ struct LlamaModel::Impl {
     collect_stats = opt.collect_quant_stats;
     overwrite_grads = backward && opt.overwrite_linear_grads;
     grad_written.assign(static_cast<size_t>(num_linears() + 1), 0);
+    norm_written.assign(arena.params().size(), 0);
     pending_dy = QuantizedTensor();  // nothing carries over from an interrupted pass
     pending_dy_lin = -1;
     Tensor tokens = upload_i32(tokens_in, N);
@@ -916,6 +926,12 @@ void LlamaModel::zero_grads(bool except_overwritten) {
     const auto [first, last] = m.weight_params(lin);
     for (int i = first; i <= last; ++i) overwritten[static_cast<size_t>(i)] = 1;
   }
+  // The norms' backwards write their gradients outright as well.
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    overwritten[static_cast<size_t>(m.p_layer(l, 0))] = 1;
+    overwritten[static_cast<size_t>(m.p_layer(l, 5))] = 1;
+  }
+  overwritten[static_cast<size_t>(m.p_norm)] = 1;
   // Runs of adjacent parameters (a block's norm and the alignment gaps around it) in one fill.
   const std::vector<ParamInfo>& ps = a.params();
   for (size_t i = 0; i < ps.size();) {

@@ -116,13 +116,22 @@ void check_bwd(const char* op, Context& ctx, const TensorView& dx, const TensorV
 
 void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const TensorView& dout,
                  const TensorView& x, const TensorView& w, const TensorView& rstd,
-                 const TensorView& residual) {
+                 const TensorView& residual, bool accumulate_dw) {
   check_bwd("rmsnorm_bwd", ctx, dx, dw, dout, x, w, rstd, residual);
-  if (x.numel() == 0) return;
+  if (x.numel() == 0) {
+    if (!accumulate_dw) {  // the sum over no rows
+      if (ctx.on_gpu()) {
+        fill_bytes_on(dw, 0, ctx.stream());
+      } else {
+        fill_bytes(dw, 0);
+      }
+    }
+    return;
+  }
   if (ctx.on_gpu()) {
-    rmsnorm_bwd_cuda(ctx, dx, dw, dout, x, w, rstd, residual);
+    rmsnorm_bwd_cuda(ctx, dx, dw, dout, x, w, rstd, residual, accumulate_dw);
   } else {
-    rmsnorm_bwd_cpu(dx, dw, dout, x, w, rstd, residual);
+    rmsnorm_bwd_cpu(dx, dw, dout, x, w, rstd, residual, accumulate_dw);
   }
 }
 
@@ -130,7 +139,7 @@ void rmsnorm_bwd_quantize(Context& ctx, const TensorView& dx, const TensorView& 
                           const TensorView& dout, const TensorView& x, const TensorView& w,
                           const TensorView& rstd, const TensorView& residual, float eps,
                           const QuantConfig* dx_cfg, QuantizedTensor* dx_out,
-                          const QuantConfig* y_cfg, QuantizedTensor* y_out) {
+                          const QuantConfig* y_cfg, QuantizedTensor* y_out, bool accumulate_dw) {
   const char* op = "rmsnorm_bwd_quantize";
   check_bwd(op, ctx, dx, dw, dout, x, w, rstd, residual);
   // bf16 only (no f32 on the CPU): what is quantized is dx (and y) rounded to bf16.
@@ -150,13 +159,13 @@ void rmsnorm_bwd_quantize(Context& ctx, const TensorView& dx, const TensorView& 
   if (ctx.on_gpu() && x.numel() > 0 && (dx_cfg == nullptr || fp8_delayed_fusable(*dx_cfg, dev)) &&
       (y_cfg == nullptr || fp8_delayed_fusable(*y_cfg, dev)) &&
       rmsnorm_bwd_quantize_cuda(ctx, dx, dw, dout, x, w, rstd, residual, eps, dx_cfg, dx_out, y_cfg,
-                                y_out)) {
+                                y_out, accumulate_dw)) {
     return;
   }
   // Everything else (and the CPU): the definition, the steps in turn.
   if (y_cfg != nullptr)
     rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), x, w, eps, *y_cfg, *y_out);
-  rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, residual);
+  rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, residual, accumulate_dw);
   if (dx_cfg != nullptr) quantize(ctx, dx, *dx_cfg, *dx_out);
 }
 

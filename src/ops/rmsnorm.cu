@@ -497,10 +497,11 @@ __global__ void __launch_bounds__(512)
   if constexpr (kY) fp8_epilogue_finish(y_amax, y_scale, ye);
 }
 
-// dw [D] += Σ_b partial [B, D] rows in order b = 0, 1, …: thread (tx, ty) sums rows b ≡ ty
-// (mod 32) of column blockIdx.x·32 + tx, then ty = 0 adds the 32 sums in order.
+// dw [D] += (or = when !accumulate) Σ_b partial [B, D] rows in order b = 0, 1, …: thread (tx, ty)
+// sums rows b ≡ ty (mod 32) of column blockIdx.x·32 + tx, then ty = 0 adds the 32 sums in order.
+// The sum starts at +0, so writing it equals adding it to a zeroed dw (never −0).
 __global__ void rmsnorm_dw_reduce_kernel(float* __restrict__ dw, const float* __restrict__ partial,
-                                         int64_t blocks, int d) {
+                                         int64_t blocks, int d, bool accumulate) {
   __shared__ float s[32][33];
   const int col = blockIdx.x * 32 + threadIdx.x;
   float acc = 0.0f;
@@ -512,7 +513,7 @@ __global__ void rmsnorm_dw_reduce_kernel(float* __restrict__ dw, const float* __
   if (threadIdx.y == 0 && col < d) {
     float total = 0.0f;
     for (int j = 0; j < 32; ++j) total += s[j][threadIdx.x];
-    dw[col] += total;
+    dw[col] = accumulate ? dw[col] + total : total;
   }
 }
 
@@ -572,11 +573,11 @@ struct BwdPointers {
   }
 };
 
-// dw [D] += the block partial rows [blocks, D], in block order.
+// dw [D] += (or =) the block partial rows [blocks, D], in block order.
 void reduce_dw(cudaStream_t s, const TensorView& dw, const float* partial, int64_t blocks,
-               int64_t d) {
+               int64_t d, bool accumulate) {
   rmsnorm_dw_reduce_kernel<<<static_cast<unsigned>(ceil_div(d, 32)), dim3(32, 32), 0, s>>>(
-      dw.ptr<float>(), partial, blocks, int(d));
+      dw.ptr<float>(), partial, blocks, int(d), accumulate);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -705,7 +706,7 @@ bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorVi
 
 void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
                       const TensorView& dout, const TensorView& x, const TensorView& w,
-                      const TensorView& rstd, const TensorView& residual) {
+                      const TensorView& rstd, const TensorView& residual, bool accumulate) {
   const int64_t n = x.size(0), d = x.size(1);
   const BwdPointers ptr(dx, dout, x, w, residual);
   uint16_t* dxp = ptr.dx;
@@ -725,14 +726,14 @@ void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
                   rp, n, int(d), b.groups, b.rows_per_block);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
-  reduce_dw(s, dw, partial, b.blocks, d);
+  reduce_dw(s, dw, partial, b.blocks, d, accumulate);
 }
 
 bool rmsnorm_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
                                const TensorView& dout, const TensorView& x, const TensorView& w,
                                const TensorView& rstd, const TensorView& residual, float eps,
                                const QuantConfig* dx_cfg, QuantizedTensor* dx_out,
-                               const QuantConfig* y_cfg, QuantizedTensor* y_out) {
+                               const QuantConfig* y_cfg, QuantizedTensor* y_out, bool accumulate) {
   const int64_t n = x.size(0), d = x.size(1);
   const BwdPointers ptr(dx, dout, x, w, residual);
   uint16_t* dxp = ptr.dx;
@@ -779,7 +780,7 @@ bool rmsnorm_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorV
     default: launch(rmsnorm_bwd_fp8_kernel<2, true, true>); break;
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
-  reduce_dw(s, dw, partial, b.blocks, d);
+  reduce_dw(s, dw, partial, b.blocks, d, accumulate);
   return true;
 }
 

@@ -13,11 +13,11 @@ namespace lowbit::ops_detail {
 void rmsnorm_fwd_cpu(const TensorView& out, const TensorView& rstd, const TensorView& x,
                      const TensorView& w, float eps);
 // Backward, per row: g = dout · w, mean = Σ g·x / D (fp64 sum), c = (mean · rstd) · rstd,
-// dx = rstd · (g − x · c); dw += Σ_n (x · rstd) · dout (fp64 over rows, added once).
-// residual: absent (TensorView()) or [N, D] added to dx (may alias it).
+// dx = rstd · (g − x · c); dw += Σ_n (x · rstd) · dout (fp64 over rows, added once; written
+// instead when !accumulate). residual: absent (TensorView()) or [N, D] added to dx (may alias it).
 void rmsnorm_bwd_cpu(const TensorView& dx, const TensorView& dw, const TensorView& dout,
                      const TensorView& x, const TensorView& w, const TensorView& rstd,
-                     const TensorView& residual);
+                     const TensorView& residual, bool accumulate);
 
 // rmsnorm_fwd_quantize by definition, on any device: rmsnorm_fwd into y (a scratch when y is
 // absent), then quantize(y). The CPU path, and the GPU path wherever the fused kernel does not
@@ -38,7 +38,7 @@ bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorVi
                                const QuantConfig& cfg, QuantizedTensor& out);
 void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
                       const TensorView& dout, const TensorView& x, const TensorView& w,
-                      const TensorView& rstd, const TensorView& residual);
+                      const TensorView& rstd, const TensorView& residual, bool accumulate);
 // Fused backward + the quantizations of rmsnorm_bwd_quantize, each config (when given) per-tensor
 // FP8 with delayed scaling: the bytes of the composition, dw included (the same row partition and
 // summation order as rmsnorm_bwd_cuda). Returns false, having done nothing, when the kernel's
@@ -48,6 +48,6 @@ bool rmsnorm_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorV
                                const TensorView& dout, const TensorView& x, const TensorView& w,
                                const TensorView& rstd, const TensorView& residual, float eps,
                                const QuantConfig* dx_cfg, QuantizedTensor* dx_out,
-                               const QuantConfig* y_cfg, QuantizedTensor* y_out);
+                               const QuantConfig* y_cfg, QuantizedTensor* y_out, bool accumulate);
 
 }  // namespace lowbit::ops_detail

@@ -29,7 +29,7 @@ void rmsnorm_fwd_cpu(const TensorView& out, const TensorView& rstd, const Tensor
 
 void rmsnorm_bwd_cpu(const TensorView& dx, const TensorView& dw, const TensorView& dout,
                      const TensorView& x, const TensorView& w, const TensorView& rstd,
-                     const TensorView& residual) {
+                     const TensorView& residual, bool accumulate) {
   const int64_t n_rows = x.size(0), d = x.size(1);
   const bool add_residual = residual.data != nullptr;
   std::vector<float> xr(d), wr(d), gr(d), dxr(d), rr(d);  // [D] each
@@ -56,7 +56,9 @@ void rmsnorm_bwd_cpu(const TensorView& dx, const TensorView& dw, const TensorVie
     store_row(dx, n * d, d, dxr.data());
   }
   float* dwp = dw.ptr<float>();  // [D]
-  for (int64_t i = 0; i < d; ++i) dwp[i] = static_cast<float>(double(dwp[i]) + dw_acc[i]);
+  // Written outright: the sum starts at +0, so it equals 0 + the sum (never −0).
+  for (int64_t i = 0; i < d; ++i)
+    dwp[i] = static_cast<float>((accumulate ? double(dwp[i]) : 0.0) + dw_acc[i]);
 }
 
 void rmsnorm_fwd_quantize_composed(Context& ctx, const TensorView& y, const TensorView& rstd,

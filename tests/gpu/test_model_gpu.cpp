@@ -119,6 +119,42 @@ TEST_P(GpuModel, RecomputedQuantizedInputsGiveIdenticalGradients) {
   EXPECT_EQ(grads[0], grads[2]) << recipe_name(r);
 }
 
+// On the device too, a step's first micro-batch writing the linears' and norms' gradients
+// outright (zero_grads(true) + overwrite_linear_grads, what StepRunner does) gives the bits of
+// zeroing every gradient and adding, over stale NaN gradients, with a second micro-batch added.
+TEST_P(GpuModel, OverwrittenGradsEqualZeroedAndAccumulated) {
+  const Recipe r = GetParam();
+  const ModelConfig c = tiny();
+  const int B = 4, T = 128;
+  Tensor tokens = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+  std::mt19937 rng(10);
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 512);
+  }
+  std::vector<float> grads[2];
+  for (int overwrite = 0; overwrite < 2; ++overwrite) {
+    Context gpu(Device::cuda(0));
+    LlamaModel m(c, resolve_precision(r, c), gpu);
+    m.init_weights(11);
+    fill_bytes(m.params().grad_all, 0xFF);  // NaN: stale values must not leak through
+    m.zero_grads(overwrite == 1);
+    ForwardOptions o;
+    for (int mb = 0; mb < 2; ++mb) {
+      o.overwrite_linear_grads = overwrite == 1 && mb == 0;
+      m.forward_backward(tokens, tokens, B, T, 1.0f / float(tokens.numel()), o);
+    }
+    const Tensor g = Tensor::copy_of(m.params().grad_all, Device::cpu());
+    for (const ParamInfo& p : m.params().params()) {
+      grads[overwrite].insert(grads[overwrite].end(), g.ptr<float>() + p.offset,
+                              g.ptr<float>() + p.offset + p.shape.numel());
+    }
+  }
+  size_t nonfinite = 0;
+  for (const float v : grads[1]) nonfinite += std::isfinite(v) ? 0 : 1;
+  EXPECT_EQ(nonfinite, 0u) << recipe_name(r);
+  EXPECT_EQ(grads[0], grads[1]) << recipe_name(r);
+}
+
 // On the device too, recomputing the blocks' qkv and gate_up outputs in the backward gives the
 // gradients of keeping them, bit for bit, in every recipe.
 TEST_P(GpuModel, RecomputedBlockOutputsGiveIdenticalGradients) {

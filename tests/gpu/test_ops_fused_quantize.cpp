@@ -231,10 +231,11 @@ void check_swiglu_bwd_h(int64_t n, int64_t f, Src src, Copies cp, Copies cp_h, b
 // byte for byte, guards intact, and each quantized copy against the CPU quantize() of the GPU's
 // bf16 values.
 void check_rmsnorm_bwd(int64_t n, int64_t d, Src src, const Copies* cp_dx, const Copies* cp_y,
-                       bool delayed, bool residual) {
-  SCOPED_TRACE(fmt::format("rmsnorm_bwd_quantize {}x{} {} dx {} y {} {} {}", n, d, src_name(src),
-                           cp_dx ? cp_dx->name : "-", cp_y ? cp_y->name : "-",
-                           delayed ? "delayed" : "current", residual ? "residual" : "no residual"));
+                       bool delayed, bool residual, bool accumulate_dw = true) {
+  SCOPED_TRACE(fmt::format("rmsnorm_bwd_quantize {}x{} {} dx {} y {} {} {} dw {}", n, d,
+                           src_name(src), cp_dx ? cp_dx->name : "-", cp_y ? cp_y->name : "-",
+                           delayed ? "delayed" : "current", residual ? "residual" : "no residual",
+                           accumulate_dw ? "+=" : "="));
   Context ctx(kGpu);
   const Tensor x = Tensor::copy_of(source(n, d, src, 2.0, 1), kGpu);     // [N, D]
   const Tensor dout = Tensor::copy_of(source(n, d, src, 1.0, 5), kGpu);  // [N, D]
@@ -258,14 +259,18 @@ void check_rmsnorm_bwd(int64_t n, int64_t d, Src src, const Copies* cp_dx, const
   // Fused: dx starts as the residual (aliased) or as poison (no residual).
   Guarded dx(Shape{n, d}, DType::kBF16);
   if (residual) copy_tensor(dx.view, res0.view());
+  // Not accumulating: dw starts as NaN (it must be written outright), and the composition adds
+  // to zeros.
   Tensor dw_f = Tensor::copy_of(dw0.view(), kGpu);
+  if (!accumulate_dw) fill_bytes(dw_f, 0xFF);
   QuantizedTensor dxq_f, yq_f;
   rmsnorm_bwd_quantize(ctx, dx.view, dw_f, dout, x, w, rstd, residual ? dx.view : TensorView(),
                        kEps, cp_dx ? &dxc_f : nullptr, cp_dx ? &dxq_f : nullptr,
-                       cp_y ? &yc_f : nullptr, cp_y ? &yq_f : nullptr);
+                       cp_y ? &yc_f : nullptr, cp_y ? &yq_f : nullptr, accumulate_dw);
   // The composition.
   Tensor dx_u = Tensor::copy_of(res0.view(), kGpu);
   Tensor dw_u = Tensor::copy_of(dw0.view(), kGpu);
+  if (!accumulate_dw) fill_bytes(dw_u, 0);
   QuantizedTensor dxq_u, yq_u;
   if (cp_y) rmsnorm_fwd_quantize(ctx, TensorView(), TensorView(), x, w, kEps, yc_u, yq_u);
   rmsnorm_bwd(ctx, dx_u, dw_u, dout, x, w, rstd, residual ? dx_u.view() : TensorView());
@@ -371,6 +376,8 @@ TEST(GpuFusedQuantize, RmsNormBackwardSmallShapes) {
       check_rmsnorm_bwd(s.n, s.d, src, &kCopies[0], &kCopies[2], true, false);
       check_rmsnorm_bwd(s.n, s.d, src, &kCopies[1], &kCopies[0], true, false);
     }
+    check_rmsnorm_bwd(s.n, s.d, Src::kGaussian, &kCopies[2], &kCopies[1], true, true, false);
+    check_rmsnorm_bwd(s.n, s.d, Src::kGaussian, nullptr, &kCopies[1], false, true, false);
     check_rmsnorm_bwd(s.n, s.d, Src::kGaussian, &kCopies[2], &kCopies[1], false, true);
   }
 }

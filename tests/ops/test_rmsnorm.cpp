@@ -125,6 +125,35 @@ TEST(RmsNorm, BackwardAddsTheResidualBeforeRounding) {
   EXPECT_THROW(rmsnorm_bwd(ctx, dx, dw, dy, x, w, rstd, bad), UserError);
 }
 
+// accumulate_dw = false writes dw outright: the bits of adding to a zeroed dw, whatever dw held
+// (NaN here), also over zero rows.
+TEST(RmsNorm, BackwardWritesDwWhenNotAccumulating) {
+  Context ctx(Device::cpu());
+  for (const int64_t n : {int64_t(7), int64_t(0)}) {
+    const int64_t d = 24;
+    Tensor x = Tensor::empty({n, d}, DType::kBF16, Device::cpu());
+    Tensor dy = Tensor::empty({n, d}, DType::kBF16, Device::cpu());
+    Tensor w = Tensor::empty({d}, DType::kBF16, Device::cpu());
+    Tensor rstd = Tensor::empty({n}, DType::kF32, Device::cpu());
+    for (int64_t i = 0; i < n * d; ++i) {
+      x.ptr<uint16_t>()[i] = f32_to_bf16_rn(std::sin(0.29f * float(i)));
+      dy.ptr<uint16_t>()[i] = f32_to_bf16_rn(std::cos(0.13f * float(i)));
+    }
+    for (int64_t i = 0; i < d; ++i) w.ptr<uint16_t>()[i] = f32_to_bf16_rn(1.0f - 0.02f * float(i));
+    for (int64_t r = 0; r < n; ++r) rstd.ptr<float>()[r] = 1.1f - 0.05f * float(r);
+    Tensor dx1 = Tensor::empty({n, d}, DType::kBF16, Device::cpu());
+    Tensor dx2 = Tensor::empty({n, d}, DType::kBF16, Device::cpu());
+    Tensor dw_zeroed = Tensor::zeros({d}, DType::kF32, Device::cpu());
+    Tensor dw_written = Tensor::empty({d}, DType::kF32, Device::cpu());
+    fill_bytes(dw_written, 0xFF);  // NaN
+    rmsnorm_bwd(ctx, dx1, dw_zeroed, dy, x, w, rstd);
+    rmsnorm_bwd(ctx, dx2, dw_written, dy, x, w, rstd, TensorView(), /*accumulate_dw=*/false);
+    for (int64_t i = 0; i < d; ++i) {
+      ASSERT_EQ(f32_bits(dw_written.ptr<float>()[i]), f32_bits(dw_zeroed.ptr<float>()[i])) << i;
+    }
+  }
+}
+
 TEST(RmsNorm, GradientMatchesFiniteDifferences) {
   const int64_t n = 3, d = 12;
   GradCase g;
