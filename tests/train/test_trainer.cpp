@@ -131,7 +131,14 @@ TEST_P(TrainEveryRecipe, LossFallsOnTheBundledCorpus) {
                 e["numel"].get<int64_t>());
     }
     // x: one micro-batch of B·T rows of d_model; w: the weight once.
-    EXPECT_EQ(s["0.qkv"]["x"]["numel"].get<int64_t>(), int64_t(o.batch_size) * o.seq_len * 128);
+    const int64_t rows = int64_t(o.batch_size) * o.seq_len;
+    EXPECT_EQ(s["0.qkv"]["x"]["numel"].get<int64_t>(), rows * 128);
+    // dY of the linears whose gradient a norm's backward quantizes (the projection from the
+    // block's second norm, the down linears from the next block's first norm or the final
+    // norm): counted once each.
+    for (const char* lin : {"0.proj", "1.proj", "0.down", "1.down"}) {
+      EXPECT_EQ(s[lin]["dy"]["numel"].get<int64_t>(), rows * 128) << lin;
+    }
   }
   EXPECT_EQ(records, GetParam() == Recipe::kBF16 ? 0 : 2) << recipe_name(GetParam());
 }
