@@ -29,6 +29,7 @@ struct Cupti {
   CUptiResult (*flush_all)(uint32_t) = nullptr;
   CUptiResult (*next_record)(uint8_t*, size_t, CUpti_Activity**) = nullptr;
   CUptiResult (*result_string)(CUptiResult, const char**) = nullptr;
+  CUptiResult (*callback_name)(CUpti_CallbackDomain, uint32_t, const char**) = nullptr;
 };
 
 Cupti& cupti() {
@@ -50,6 +51,7 @@ Cupti& cupti() {
     sym(r.flush_all, "cuptiActivityFlushAll");
     sym(r.next_record, "cuptiActivityGetNextRecord");
     sym(r.result_string, "cuptiGetResultString");
+    sym(r.callback_name, "cuptiGetCallbackName");
     return r;
   }();
   return c;
@@ -71,7 +73,9 @@ void check(CUptiResult e, const char* what) {
 struct Sink {
   std::mutex mu;
   std::vector<KernelRecord> records;
+  std::vector<ApiRecord> api;
   std::map<std::string, std::string> demangled;  // mangled → readable
+  std::map<uint32_t, std::string> api_names;     // runtime callback id → name
 };
 
 Sink& sink() {
@@ -100,12 +104,35 @@ std::string readable(Sink& s, const char* mangled) {
   return name;
 }
 
+// "cudaMemcpy" for the runtime callback id (CUPTI's name without its "_v3020"-style suffix).
+std::string api_name(Sink& s, uint32_t cbid) {
+  auto it = s.api_names.find(cbid);
+  if (it != s.api_names.end()) return it->second;
+  const char* n = nullptr;
+  if (cupti().callback_name != nullptr) {
+    cupti().callback_name(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &n);
+  }
+  std::string name = n != nullptr ? n : "runtime call " + std::to_string(cbid);
+  const size_t v = name.rfind("_v");
+  if (v != std::string::npos && v + 2 < name.size() &&
+      name.find_first_not_of("0123456789", v + 2) == std::string::npos) {
+    name.resize(v);
+  }
+  s.api_names.emplace(cbid, name);
+  return name;
+}
+
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   Sink& s = sink();
   {
     std::lock_guard<std::mutex> lock(s.mu);
     CUpti_Activity* rec = nullptr;
     while (cupti().next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
+      if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+        const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(rec);
+        s.api.push_back({api_name(s, a->cbid), a->start, a->end});
+        continue;
+      }
       if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
           rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) {
         continue;
@@ -134,9 +161,11 @@ std::unique_ptr<KernelTrace> KernelTrace::start() {
   {
     std::lock_guard<std::mutex> lock(sink().mu);
     sink().records.clear();
+    sink().api.clear();
   }
   check(c.register_callbacks(buffer_requested, buffer_completed), "registering buffers");
   check(c.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enabling kernel records");
+  check(c.enable(CUPTI_ACTIVITY_KIND_RUNTIME), "enabling runtime-call records");
   g_active = true;
   std::unique_ptr<KernelTrace> t(new KernelTrace());
   t->running_ = true;
@@ -149,9 +178,14 @@ std::vector<KernelRecord> KernelTrace::stop() {
   g_active = false;
   check(cupti().flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flushing");
   check(cupti().disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "disabling kernel records");
+  check(cupti().disable(CUPTI_ACTIVITY_KIND_RUNTIME), "disabling runtime-call records");
   std::lock_guard<std::mutex> lock(sink().mu);
   std::vector<KernelRecord> out = std::move(sink().records);
   sink().records.clear();
+  api_ = std::move(sink().api);
+  sink().api.clear();
+  std::sort(api_.begin(), api_.end(),
+            [](const ApiRecord& a, const ApiRecord& b) { return a.start_ns < b.start_ns; });
   std::sort(out.begin(), out.end(),
             [](const KernelRecord& a, const KernelRecord& b) { return a.start_ns < b.start_ns; });
   return out;
@@ -166,7 +200,8 @@ KernelTrace::~KernelTrace() {
   }
 }
 
-KernelSummary summarize_kernels(const std::vector<KernelRecord>& records) {
+KernelSummary summarize_kernels(const std::vector<KernelRecord>& records,
+                                const std::vector<ApiRecord>& api) {
   KernelSummary s;
   if (records.empty()) return s;
   std::map<std::string, KernelSummaryRow> by_name;
@@ -192,7 +227,7 @@ KernelSummary summarize_kernels(const std::vector<KernelRecord>& records) {
           break;
         }
       }
-      s.longest_gaps.push_back({us, *last_ender, r.name});
+      s.longest_gaps.push_back({us, *last_ender, r.name, covered_to, r.start_ns, {}});
       std::sort(s.longest_gaps.begin(), s.longest_gaps.end(),
                 [](const IdleGap& a, const IdleGap& b) { return a.us > b.us; });
       if (s.longest_gaps.size() > size_t(KernelSummary::kLongestGaps)) s.longest_gaps.pop_back();
@@ -212,6 +247,26 @@ KernelSummary summarize_kernels(const std::vector<KernelRecord>& records) {
   s.busy_ms = busy_ns * 1e-6;
   s.span_ms = double(last - first) * 1e-6;
   s.kernels = static_cast<int64_t>(records.size());
+  // What the host was doing during each of the longest gaps: the runtime calls overlapping it,
+  // summed by name (api is sorted by start; calls start before the gap ends).
+  for (IdleGap& g : s.longest_gaps) {
+    std::map<std::string, std::pair<double, int>> in_gap;  // name → (overlap ns, calls)
+    for (const ApiRecord& a : api) {
+      if (a.start_ns >= g.to_ns) break;
+      const uint64_t from = std::max(a.start_ns, g.from_ns), to = std::min(a.end_ns, g.to_ns);
+      if (to <= from) continue;
+      auto& [ns, calls] = in_gap[a.name];
+      ns += double(to - from);
+      ++calls;
+    }
+    std::vector<std::pair<double, std::string>> by_time;
+    for (const auto& [name, v] : in_gap) {
+      by_time.push_back({v.first, fmt::format("{} {:.1f} us ×{}", name, v.first * 1e-3, v.second)});
+    }
+    std::sort(by_time.begin(), by_time.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (auto& [ns, text] : by_time) g.host.push_back(std::move(text));
+  }
   return s;
 }
 
@@ -245,6 +300,12 @@ std::string format_kernel_summary(const KernelSummary& s, int per, const std::st
   for (const IdleGap& g : s.longest_gaps) {
     out += fmt::format("# gap {:>9.1f} us after {} | before {}\n", g.us, shorten(g.before),
                        shorten(g.after));
+    if (!g.host.empty()) {
+      const size_t shown = std::min<size_t>(g.host.size(), 6);
+      std::string calls;
+      for (size_t i = 0; i < shown; ++i) calls += (i ? ", " : "") + g.host[i];
+      out += fmt::format("#   host in the gap: {}\n", calls);
+    }
   }
   return out;
 }

@@ -26,10 +26,21 @@ struct KernelSummaryRow {
   double total_ms = 0;
 };
 
+// A host-side CUDA runtime call (cudaMemcpy, cudaLaunchKernel, …) as CUPTI timed it, on the
+// kernels' clock.
+struct ApiRecord {
+  std::string name;  // without CUPTI's version suffix
+  uint64_t start_ns = 0, end_ns = 0;
+};
+
 // An interval with no kernel running, between the end of `before` and the start of `after`.
 struct IdleGap {
   double us = 0;
   std::string before, after;
+  uint64_t from_ns = 0, to_ns = 0;
+  // The runtime calls that overlap the gap, by the time they overlap it (largest first):
+  // "cudaMemcpy 310.2 us ×1". What the host did while the GPU waited.
+  std::vector<std::string> host;
 };
 
 // Idle time by gap length: (0, 2], (2, 10], (10, 100] and > 100 µs.
@@ -52,21 +63,25 @@ struct KernelSummary {
 
 // One trace at a time per process. start() throws UserError when CUPTI cannot be loaded or
 // refuses; stop() (after the device work to be traced has been synchronised) flushes and
-// returns the records.
+// returns the kernel records; api() then holds the runtime calls of the same span.
 class KernelTrace {
  public:
   static std::unique_ptr<KernelTrace> start();
   ~KernelTrace();
   std::vector<KernelRecord> stop();
+  const std::vector<ApiRecord>& api() const { return api_; }
   KernelTrace(const KernelTrace&) = delete;
   KernelTrace& operator=(const KernelTrace&) = delete;
 
  private:
   KernelTrace() = default;
   bool running_ = false;
+  std::vector<ApiRecord> api_;
 };
 
-KernelSummary summarize_kernels(const std::vector<KernelRecord>& records);
+// `api` (sorted by start, or empty) fills each longest gap's `host`.
+KernelSummary summarize_kernels(const std::vector<KernelRecord>& records,
+                                const std::vector<ApiRecord>& api = {});
 
 // The summary as text: a header (kernel sum, busy, span per `per` units, e.g. per step), one
 // line per kernel name, then the idle time by gap length and the longest gaps with the kernels

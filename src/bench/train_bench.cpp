@@ -112,7 +112,8 @@ std::vector<TrainBenchRow> run_train_bench(const TrainBenchOptions& opt) {
         const double sec =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (trace) {
-          const KernelSummary ks = summarize_kernels(trace->stop());
+          const std::vector<KernelRecord> kernels = trace->stop();
+          const KernelSummary ks = summarize_kernels(kernels, trace->api());
           trace.reset();
           // Busy share of the wall time (the host's timer spans what the GPU's does).
           row.gpu_busy = ks.busy_ms / (sec * 1e3);

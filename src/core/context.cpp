@@ -3,6 +3,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include "lowbit/core/allocator.h"
 #include "lowbit/core/cuda_check.h"
 
@@ -40,6 +42,8 @@ Context& Context::operator=(Context&& o) noexcept {
     cublaslt_ = std::exchange(o.cublaslt_, nullptr);
     workspace_ = std::exchange(o.workspace_, nullptr);
     workspace_bytes_ = std::exchange(o.workspace_bytes_, 0);
+    pinned_ = std::exchange(o.pinned_, nullptr);
+    pinned_bytes_ = std::exchange(o.pinned_bytes_, 0);
     seed_ = o.seed_;
     next_offset_ = o.next_offset_;
   }
@@ -52,6 +56,12 @@ void Context::release() {
     mem_free(device_, workspace_, workspace_bytes_, MemCategory::kWorkspace);
     workspace_ = nullptr;
     workspace_bytes_ = 0;
+  }
+  if (pinned_ != nullptr) {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    cudaFreeHost(pinned_);
+    pinned_ = nullptr;
+    pinned_bytes_ = 0;
   }
   if (cublaslt_ != nullptr) {
     cublasLtDestroy(cublaslt_);
@@ -81,6 +91,47 @@ void* Context::workspace(size_t bytes) {
     workspace_bytes_ = bytes;
   }
   return workspace_;
+}
+
+void Context::read_back(const std::vector<HostCopy>& copies) {
+  size_t total = 0;
+  for (const HostCopy& c : copies) {
+    LOWBIT_CHECK(c.src.is_contiguous() && c.src.device == device_,
+                 "read_back: {} must be contiguous on {}", c.src.str(), device_.str());
+    total += (static_cast<size_t>(c.src.nbytes()) + 255) / 256 * 256;
+  }
+  if (!on_gpu()) {
+    for (const HostCopy& c : copies) {
+      if (c.src.nbytes() > 0) std::memcpy(c.dst, c.src.data, static_cast<size_t>(c.src.nbytes()));
+    }
+    return;
+  }
+  if (total > pinned_bytes_) {
+    if (pinned_ != nullptr) {
+      synchronize();  // an earlier read-back may still be landing in it
+      LOWBIT_CUDA_CHECK(cudaFreeHost(pinned_));
+      pinned_ = nullptr;
+      pinned_bytes_ = 0;
+    }
+    LOWBIT_CUDA_CHECK(cudaMallocHost(&pinned_, total));
+    pinned_bytes_ = total;
+  }
+  size_t off = 0;
+  for (const HostCopy& c : copies) {
+    const size_t bytes = static_cast<size_t>(c.src.nbytes());
+    if (bytes > 0) {
+      LOWBIT_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(pinned_) + off, c.src.data, bytes,
+                                        cudaMemcpyDeviceToHost, stream_));
+    }
+    off += (bytes + 255) / 256 * 256;
+  }
+  synchronize();
+  off = 0;
+  for (const HostCopy& c : copies) {
+    const size_t bytes = static_cast<size_t>(c.src.nbytes());
+    if (bytes > 0) std::memcpy(c.dst, static_cast<char*>(pinned_) + off, bytes);
+    off += (bytes + 255) / 256 * 256;
+  }
 }
 
 void Context::synchronize() const {

@@ -733,10 +733,11 @@ struct LlamaModel::Impl {
     logits = Tensor();
     // Loss: per-token losses summed in f64 on the host over the valid targets.
     {
-      Tensor lh = Tensor::copy_of(losses, Device::cpu());
-      Tensor th = Tensor::copy_of(targets, Device::cpu());
-      const float* lp = lh.ptr<float>();
-      const int32_t* tp = th.ptr<int32_t>();
+      std::vector<float> lh(static_cast<size_t>(N));
+      std::vector<int32_t> th(static_cast<size_t>(N));
+      ctx.read_back({{losses.view(), lh.data()}, {targets.view(), th.data()}});
+      const float* lp = lh.data();
+      const int32_t* tp = th.data();
       for (int64_t i = 0; i < N; ++i) {
         if (tp[i] < 0) continue;
         st.loss_sum += lp[i];

@@ -48,10 +48,11 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   model_.weights_changed();
   if (DelayedScalingState* s = model_.fp8_forward_state()) s->update(&ctx_);
   if (DelayedScalingState* s = model_.fp8_backward_state()) s->update(&ctx_);
-  const Tensor nh = Tensor::copy_of(norm_, Device::cpu());
-  const Tensor kh = Tensor::copy_of(skip_, Device::cpu());
-  out.grad_norm = nh.ptr<float>()[0];
-  out.skipped = kh.ptr<int32_t>()[0] != 0 || !std::isfinite(out.loss);
+  float norm = 0;
+  int32_t skip = 0;
+  ctx_.read_back({{norm_.view(), &norm}, {skip_.view(), &skip}});
+  out.grad_norm = norm;
+  out.skipped = skip != 0 || !std::isfinite(out.loss);
   if (out.skipped) {
     const Tensor sh = Tensor::copy_of(sumsq_, Device::cpu());
     for (size_t i = 0; i < segs.size(); ++i) {

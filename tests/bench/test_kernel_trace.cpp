@@ -52,6 +52,29 @@ TEST(KernelTraceSummary, IdleGapsByLengthAndTheLongestWithTheirKernels) {
   EXPECT_NE(text.find("# gap     200.0 us after d | before e"), std::string::npos) << text;
 }
 
+// The runtime calls overlapping a long gap are summed by name, largest overlap first; calls
+// outside every gap are not listed.
+TEST(KernelTraceSummary, HostCallsInTheLongestGaps) {
+  // ns: a [0, 1000), gap of 200 µs, b [201000, 202000).
+  const std::vector<KernelRecord> recs = {{"a", 0, 1000}, {"b", 201000, 202000}};
+  const std::vector<ApiRecord> api = {{"cudaLaunchKernel", 500, 800},        // before the gap
+                                      {"cudaMemcpy", 900, 151000},           // 150 µs inside
+                                      {"cudaLaunchKernel", 160000, 163000},  // 3 µs
+                                      {"cudaLaunchKernel", 170000, 171000},  // 1 µs
+                                      {"cudaMalloc", 200500, 202500}};       // 0.5 µs inside
+  const KernelSummary s = summarize_kernels(recs, api);
+  ASSERT_EQ(s.longest_gaps.size(), 1u);
+  const IdleGap& g = s.longest_gaps[0];
+  ASSERT_EQ(g.host.size(), 3u);
+  EXPECT_EQ(g.host[0], "cudaMemcpy 150.0 us ×1");
+  EXPECT_EQ(g.host[1], "cudaLaunchKernel 4.0 us ×2");
+  EXPECT_EQ(g.host[2], "cudaMalloc 0.5 us ×1");
+  const std::string text = format_kernel_summary(s, 1, "t");
+  EXPECT_NE(text.find("#   host in the gap: cudaMemcpy 150.0 us ×1, cudaLaunchKernel 4.0 us ×2"),
+            std::string::npos)
+      << text;
+}
+
 TEST(KernelTraceSummary, EmptyTraceAndPerStepText) {
   const KernelSummary none = summarize_kernels({});
   EXPECT_EQ(none.kernels, 0);
