@@ -94,11 +94,15 @@ void* Context::workspace(size_t bytes) {
 }
 
 void Context::read_back(const std::vector<HostCopy>& copies) {
+  // Each copy's place in the staging buffer starts on a 256-byte boundary.
+  const auto slot = [](const HostCopy& c) {
+    return (static_cast<size_t>(c.src.nbytes()) + 255) / 256 * 256;
+  };
   size_t total = 0;
   for (const HostCopy& c : copies) {
     LOWBIT_CHECK(c.src.is_contiguous() && c.src.device == device_,
                  "read_back: {} must be contiguous on {}", c.src.str(), device_.str());
-    total += (static_cast<size_t>(c.src.nbytes()) + 255) / 256 * 256;
+    total += slot(c);
   }
   if (!on_gpu()) {
     for (const HostCopy& c : copies) {
@@ -123,14 +127,14 @@ void Context::read_back(const std::vector<HostCopy>& copies) {
       LOWBIT_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(pinned_) + off, c.src.data, bytes,
                                         cudaMemcpyDeviceToHost, stream_));
     }
-    off += (bytes + 255) / 256 * 256;
+    off += slot(c);
   }
   synchronize();
   off = 0;
   for (const HostCopy& c : copies) {
     const size_t bytes = static_cast<size_t>(c.src.nbytes());
     if (bytes > 0) std::memcpy(c.dst, static_cast<char*>(pinned_) + off, bytes);
-    off += (bytes + 255) / 256 * 256;
+    off += slot(c);
   }
 }
 

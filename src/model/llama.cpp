@@ -339,6 +339,22 @@ struct LlamaModel::Impl {
     gemm(ctx, GemmOperand::of(dyq), GemmOperand::of(saved.xq), weight_grad(lin), wg);
   }
 
+  // The halves of a quantized linear_bwd for a linear whose wgrad waits for its input's
+  // columnwise copy (remade by a later op of the backward): the dgrad now, after which dyq keeps
+  // only its columnwise copy; the wgrad later, after which dyq and the saved input are dropped.
+  void linear_dgrad_first(int lin, QuantizedTensor& dyq, const TensorView& dx) {
+    const NvtxRange range(linear_name(lin) + " backward (dgrad)");
+    linear_dgrad_quantized(lin, dyq, dx);
+    dyq.rowwise_data = Tensor();
+    dyq.rowwise_scale_inv = Tensor();
+  }
+  void linear_wgrad_after(int lin, QuantizedTensor& dyq, LinearSaved& saved) {
+    const NvtxRange range(linear_name(lin) + " backward (wgrad)");
+    linear_wgrad_quantized(lin, dyq, saved);
+    saved = {};
+    dyq = QuantizedTensor();
+  }
+
   // linear `lin`'s dY [N, ·]: the norm backward's quantized output when it made it (`pending`),
   // else quantized here (rowwise too when a dgrad reads it).
   QuantizedTensor take_dy(int lin, const TensorView& dy, bool rowwise) {
@@ -543,11 +559,8 @@ struct LlamaModel::Impl {
     const bool h_from_bwd = fused && pdown.recipe != Recipe::kBF16 && !s.lin[3].xq.has_columnwise();
     QuantizedTensor dy_down;  // the down linear's dY: its columnwise copy waits for the wgrad
     if (h_from_bwd) {
-      const NvtxRange range(linear_name(lin0 + 3) + " backward (dgrad)");
       dy_down = take_dy(lin0 + 3, dx, true);
-      linear_dgrad_quantized(lin0 + 3, dy_down, dh.view());
-      dy_down.rowwise_data = Tensor();  // only the columnwise copy is read from here on
-      dy_down.rowwise_scale_inv = Tensor();
+      linear_dgrad_first(lin0 + 3, dy_down, dh.view());
     } else {
       recompute_wgrad_input(l, 3, s);
       linear_bwd(lin0 + 3, dx, s.lin[3], &dh.view());
@@ -569,22 +582,14 @@ struct LlamaModel::Impl {
     }
     dh = Tensor();
     s.gu = Tensor();
-    if (h_from_bwd) {
-      const NvtxRange range(linear_name(lin0 + 3) + " backward (wgrad)");
-      linear_wgrad_quantized(lin0 + 3, dy_down, s.lin[3]);
-      s.lin[3] = {};
-      dy_down = QuantizedTensor();
-    }
+    if (h_from_bwd) linear_wgrad_after(lin0 + 3, dy_down, s.lin[3]);
     Tensor dln = act({N, D}, adt, dev);
     // When gate_up is quantized and its input's columnwise copy was not kept, the norm backward
     // remakes it (rmsnorm_bwd_quantize) and the wgrad runs after the norm.
     const bool gu_input_from_norm = fused && !s.lin[2].xq.has_columnwise();
     if (gu_input_from_norm) {
-      const NvtxRange range(linear_name(lin0 + 2) + " backward (dgrad)");
       record_clip_stats(lin0 + 2, 2, dguv, dguq);
-      linear_dgrad_quantized(lin0 + 2, dguq, dln.view());
-      dguq.rowwise_data = Tensor();  // only the columnwise copy is read from here on
-      dguq.rowwise_scale_inv = Tensor();
+      linear_dgrad_first(lin0 + 2, dguq, dln.view());
     } else {
       recompute_wgrad_input(l, 2, s);
       linear_bwd(lin0 + 2, dguv, s.lin[2], &dln.view(), fused ? &dguq : nullptr);
@@ -596,12 +601,7 @@ struct LlamaModel::Impl {
     // as the attention projection's dY when that linear is.
     norm_bwd(p_layer(l, 5), s.x_mid, s.rstd2, dln, dx, true, lin0 + 1, lin0 + 2, &s.lin[2]);
     s.x_mid = Tensor();
-    if (gu_input_from_norm) {
-      const NvtxRange range(linear_name(lin0 + 2) + " backward (wgrad)");
-      linear_wgrad_quantized(lin0 + 2, dguq, s.lin[2]);
-      s.lin[2] = {};
-      dguq = QuantizedTensor();
-    }
+    if (gu_input_from_norm) linear_wgrad_after(lin0 + 2, dguq, s.lin[2]);
     // Attention.
     Tensor datt = act({N, int64_t(H) * Dh}, adt, dev);
     recompute_wgrad_input(l, 1, s);
@@ -638,11 +638,8 @@ struct LlamaModel::Impl {
     // norm backward, which also quantizes dx as the previous block's down-linear dY.
     const bool qkv_input_from_norm = qkv_quantized && !s.lin[0].xq.has_columnwise();
     if (qkv_input_from_norm) {
-      const NvtxRange range(linear_name(lin0) + " backward (dgrad)");
       record_clip_stats(lin0, 2, dqkv, dqkvq);
-      linear_dgrad_quantized(lin0, dqkvq, dln.view());
-      dqkvq.rowwise_data = Tensor();
-      dqkvq.rowwise_scale_inv = Tensor();
+      linear_dgrad_first(lin0, dqkvq, dln.view());
     } else {
       recompute_wgrad_input(l, 0, s);
       linear_bwd(lin0 + 0, dqkv, s.lin[0], &dln.view(), qkv_quantized ? &dqkvq : nullptr);
@@ -651,10 +648,7 @@ struct LlamaModel::Impl {
     dqkv = Tensor();
     // dx now d(x_in).
     norm_bwd(p_layer(l, 0), s.x_in, s.rstd1, dln, dx, true, l > 0 ? lin0 - 1 : -1, lin0, &s.lin[0]);
-    if (qkv_input_from_norm) {
-      const NvtxRange range(linear_name(lin0) + " backward (wgrad)");
-      linear_wgrad_quantized(lin0, dqkvq, s.lin[0]);
-    }
+    if (qkv_input_from_norm) linear_wgrad_after(lin0, dqkvq, s.lin[0]);
     s = BlockSaved();
   }
 

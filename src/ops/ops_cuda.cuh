@@ -5,7 +5,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
+#include "lowbit/core/cuda_check.h"
 #include "lowbit/formats.h"
 
 namespace lowbit::ops_cuda {
@@ -16,6 +20,34 @@ inline constexpr int kWarp = 32;
 inline int64_t ceil_div(int64_t n, int64_t per) { return (n + per - 1) / per; }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Whether `bytes` of dynamic shared memory (plus `static_bytes` of the kernel's own arrays) fit
+// one block of `device` once opted in.
+inline bool dynamic_smem_fits(int device, size_t bytes, size_t static_bytes) {
+  int max_smem = 0;
+  LOWBIT_CUDA_CHECK(
+      cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes + static_bytes <= size_t(max_smem);
+}
+
+// Opts `kernel` into `bytes` of dynamic shared memory on the current device when that exceeds
+// the 48 KiB default. The attribute is set once per kernel, device and larger size (a
+// cudaFuncSetAttribute costs ~10 µs of host time, which lands between kernels right after a
+// synchronisation).
+template <typename Kernel>
+void allow_dynamic_smem(Kernel* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, size_t> set;  // (kernel, device) → bytes allowed
+  int device = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mu);
+  size_t& allowed = set[{reinterpret_cast<const void*>(kernel), device}];
+  if (bytes <= allowed) return;
+  LOWBIT_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  allowed = bytes;
+}
 
 // ---- eight consecutive elements <-> fp32 ----------------------------------------------------
 

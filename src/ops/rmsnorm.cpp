@@ -119,13 +119,7 @@ void rmsnorm_bwd(Context& ctx, const TensorView& dx, const TensorView& dw, const
                  const TensorView& residual, bool accumulate_dw) {
   check_bwd("rmsnorm_bwd", ctx, dx, dw, dout, x, w, rstd, residual);
   if (x.numel() == 0) {
-    if (!accumulate_dw) {  // the sum over no rows
-      if (ctx.on_gpu()) {
-        fill_bytes_on(dw, 0, ctx.stream());
-      } else {
-        fill_bytes(dw, 0);
-      }
-    }
+    if (!accumulate_dw) fill_bytes(dw, 0);  // the sum over no rows
     return;
   }
   if (ctx.on_gpu()) {

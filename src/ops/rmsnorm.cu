@@ -598,10 +598,7 @@ void launch_bwd_vpt(dim3 grid, int threads, size_t smem, cudaStream_t s, uint16_
                     const float* rstd, const uint16_t* res, int64_t n, int d, int group_threads,
                     int groups, int64_t rows_per_block) {
   auto kernel = rmsnorm_bwd_kernel<VEC, VPT>;
-  if (smem > 48 * 1024) {
-    LOWBIT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  }
+  allow_dynamic_smem(kernel, smem);
   kernel<<<grid, threads, smem, s>>>(dx, partial, dy, x, w, rstd, res, n, d, group_threads, groups,
                                      rows_per_block);
 }
@@ -670,10 +667,8 @@ bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorVi
   const RowPlan p = plan_row(d, true, "rmsnorm_fwd_quantize");
   const bool col = cfg.columnwise;
   const size_t smem = col ? size_t(kQRows) * size_t(d + 4) : 0;
-  int max_smem = 0;
-  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                           ctx.device().index));
-  if (smem + 1024 > size_t(max_smem)) return false;  // 1 KiB: the static shared arrays
+  // 1 KiB: the static shared arrays.
+  if (!dynamic_smem_fits(ctx.device().index, smem, 1024)) return false;
 
   const Fp8Epilogue ep = fp8_epilogue_outputs(ctx, cfg, n, d, out);
   // Groups of p.threads threads, a power of two of them (so that they divide kQRows) in at most
@@ -685,10 +680,7 @@ bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorVi
   const dim3 grid(static_cast<unsigned>(ceil_div(n, kQRows)));
   cudaStream_t s = ctx.stream();
   auto launch = [&](auto kernel) {
-    if (smem > 48 * 1024) {
-      LOWBIT_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    }
+    allow_dynamic_smem(kernel, smem);
     kernel<<<grid, threads, smem, s>>>(yp, rp, xp, wp, n, int(d), eps, p.threads, groups, vec_t,
                                        ep);
   };
@@ -746,10 +738,8 @@ bool rmsnorm_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorV
   const RowPlan p = plan_row(d, true, "rmsnorm_bwd_quantize");
   const size_t tiles = size_t(want_dx) + size_t(want_y);
   const size_t smem = std::max(tiles * size_t(kQRows) * size_t(d + 4), size_t(d) * sizeof(float));
-  int max_smem = 0;
-  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                           ctx.device().index));
-  if (smem + 1024 > size_t(max_smem)) return false;  // 1 KiB: the static shared arrays
+  // 1 KiB: the static shared arrays.
+  if (!dynamic_smem_fits(ctx.device().index, smem, 1024)) return false;
 
   Fp8Epilogue dxe, ye;
   if (want_dx) dxe = fp8_epilogue_outputs(ctx, *dx_cfg, n, d, *dx_out);
@@ -762,10 +752,7 @@ bool rmsnorm_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorV
   const dim3 grid(static_cast<unsigned>(b.blocks));
   cudaStream_t s = ctx.stream();
   auto launch = [&](auto kernel) {
-    if (smem > 48 * 1024) {
-      LOWBIT_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    }
+    allow_dynamic_smem(kernel, smem);
     kernel<<<grid, b.threads, smem, s>>>(dxp, partial, dyp, xp, wp, rstd.ptr<const float>(), rp, n,
                                          int(d), eps, p.threads, b.groups, b.rows_per_block, vec_t,
                                          dxe, ye);
