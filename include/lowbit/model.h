@@ -219,12 +219,22 @@ struct ForwardOptions {
   // gradients need no zeroing beforehand (LlamaModel::zero_grads(true) clears only the others).
   // Off: every gradient is added to.
   bool overwrite_linear_grads = false;
+  // Leave the per-token losses on the device (StepStats::losses / targets) instead of reading
+  // them back after the head: the caller reads them with its other values in one wait at the
+  // end of the step (StepStats::add_losses), so the backward is queued while the head runs.
+  bool defer_loss_read = false;
 };
 
 // Per-step counters gathered on the device (no host synchronisation until read).
 struct StepStats {
   double loss_sum = 0;  // Σ per-token loss over the valid tokens
   int64_t valid_tokens = 0;
+  // With ForwardOptions::defer_loss_read: the micro-batch's per-token losses [N] f32 and its
+  // targets [N] i32, on the model's device, not yet in loss_sum / valid_tokens.
+  Tensor losses, targets;
+  // Adds n read-back per-token losses to loss_sum, over the tokens whose target is not ignored
+  // (target ≥ 0), in token order (f64).
+  void add_losses(const float* loss, const int32_t* target, int64_t n);
 };
 
 class LlamaModel {

@@ -119,6 +119,16 @@ void attention_fwd(Context& ctx, const TensorView& out, const TensorView& lse, c
 void attention_bwd(Context& ctx, const TensorView& dq, const TensorView& dk, const TensorView& dv,
                    const TensorView& dout, const TensorView& q, const TensorView& k,
                    const TensorView& v, const TensorView& out, const TensorView& lse, float scale);
+// attention_bwd, and the forward's output (out, contiguous) quantized as [B·T, H·Dh] under
+// out_cfg into out_q (the attention projection's wgrad input): exactly attention_bwd followed by
+// quantize(out viewed as [B·T, H·Dh], out_cfg). On the GPU the codes come from the backward's
+// first pass, which reads out anyway (D = rowsum(dO ∘ O)), for per-tensor FP8 with delayed
+// scaling and T % 32 == 0; otherwise the steps in turn.
+void attention_bwd_quantize_out(Context& ctx, const TensorView& dq, const TensorView& dk,
+                                const TensorView& dv, const TensorView& dout, const TensorView& q,
+                                const TensorView& k, const TensorView& v, const TensorView& out,
+                                const TensorView& lse, float scale, const QuantConfig& out_cfg,
+                                QuantizedTensor& out_q);
 
 // ---- attention against a KV cache (incremental decoding) -----------------------------------
 // k_cache and v_cache [B, Tmax, Hkv, Dh] hold the (rotated) keys and values of positions

@@ -33,6 +33,7 @@
 #include "lowbit/core/nvtx.h"
 #include "lowbit/gemm.h"
 #include "lowbit/model.h"
+#include "model/host_upload.h"
 #include "model/model_views.h"
 
 namespace lowbit {
@@ -62,6 +63,7 @@ struct BlockSaved {
 
 struct LlamaModel::Impl {
   Context& ctx;
+  HostUpload uploads;  // token ids and targets, host → device without a host stall
   const ModelConfig& cfg;
   const PrecisionPlan& plan;
   ParamArena& arena;
@@ -602,11 +604,21 @@ struct LlamaModel::Impl {
     norm_bwd(p_layer(l, 5), s.x_mid, s.rstd2, dln, dx, true, lin0 + 1, lin0 + 2, &s.lin[2]);
     s.x_mid = Tensor();
     if (gu_input_from_norm) linear_wgrad_after(lin0 + 2, dguq, s.lin[2]);
-    // Attention.
+    // Attention. A quantized projection without its input's columnwise copy gets it from the
+    // attention backward, which reads that input (the attention output) anyway: its dgrad runs
+    // first, its wgrad after.
     Tensor datt = act({N, int64_t(H) * Dh}, adt, dev);
-    recompute_wgrad_input(l, 1, s);
-    linear_bwd(lin0 + 1, dx, s.lin[1], &datt.view());
-    s.lin[1] = {};
+    const bool proj_input_from_attention =
+        precision(lin0 + 1).recipe != Recipe::kBF16 && !s.lin[1].xq.has_columnwise();
+    QuantizedTensor dprojq;
+    if (proj_input_from_attention) {
+      dprojq = take_dy(lin0 + 1, dx, true);
+      linear_dgrad_first(lin0 + 1, dprojq, datt.view());
+    } else {
+      recompute_wgrad_input(l, 1, s);
+      linear_bwd(lin0 + 1, dx, s.lin[1], &datt.view());
+      s.lin[1] = {};
+    }
     if (!s.qkv.defined()) s.qkv = recompute_output(l, LinearKind::kQKV, s, B, T);
     Tensor dqkv = act({N, Wqkv}, adt, dev);
     const TensorView q = heads_view(s.qkv, B, T, 0, H, Dh);
@@ -615,9 +627,18 @@ struct LlamaModel::Impl {
     const TensorView dq = heads_view(dqkv, B, T, 0, H, Dh);
     const TensorView dk = heads_view(dqkv, B, T, int64_t(H) * Dh, Hkv, Dh);
     const TensorView dv = heads_view(dqkv, B, T, int64_t(H + Hkv) * Dh, Hkv, Dh);
-    attention_bwd(ctx, dq, dk, dv, datt.view().reshape({B, T, H, Dh}), q, k, v,
-                  s.att.view().reshape({B, T, H, Dh}), s.lse,
-                  1.0f / std::sqrt(static_cast<float>(Dh)));
+    const TensorView att4 = s.att.view().reshape({B, T, H, Dh});
+    const float att_scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+    if (proj_input_from_attention) {
+      attention_bwd_quantize_out(
+          ctx, dq, dk, dv, datt.view().reshape({B, T, H, Dh}), q, k, v, att4, s.lse, att_scale,
+          bind(precision(lin0 + 1).x, lin0 + 1, 0, false, true), s.lin[1].xq);
+      datt = Tensor();
+      linear_wgrad_after(lin0 + 1, dprojq, s.lin[1]);
+    } else {
+      attention_bwd(ctx, dq, dk, dv, datt.view().reshape({B, T, H, Dh}), q, k, v, att4, s.lse,
+                    att_scale);
+    }
     datt = Tensor();
     s.att = Tensor();
     s.qkv = Tensor();
@@ -655,10 +676,11 @@ struct LlamaModel::Impl {
   Tensor upload_i32(const TensorView& t, int64_t n) {
     LOWBIT_USER_CHECK(t.dtype == DType::kI32 && t.numel() == n && t.is_contiguous(),
                       "expected {} contiguous int32 token ids, got {}", n, t.str());
-    if (t.device == dev) {
-      Tensor out;
-      // A view is enough; wrap it without copying.
-      return Tensor::copy_of(t, dev, MemCategory::kActivations);
+    if (t.device.is_cpu() && dev.is_cuda()) {
+      // Through pinned staging, queued on the stream: the host goes on launching.
+      Tensor out = Tensor::empty(t.shape, DType::kI32, dev, MemCategory::kActivations);
+      uploads.copy(ctx, t, out.view());
+      return out;
     }
     return Tensor::copy_of(t, dev, MemCategory::kActivations);
   }
@@ -725,18 +747,16 @@ struct LlamaModel::Impl {
       }
     }
     logits = Tensor();
-    // Loss: per-token losses summed in f64 on the host over the valid targets.
-    {
+    // Loss: per-token losses summed in f64 on the host over the valid targets, now or (deferred)
+    // by the caller after its end-of-step wait.
+    if (opt.defer_loss_read) {
+      st.losses = losses;
+      st.targets = targets;
+    } else {
       std::vector<float> lh(static_cast<size_t>(N));
       std::vector<int32_t> th(static_cast<size_t>(N));
       ctx.read_back({{losses.view(), lh.data()}, {targets.view(), th.data()}});
-      const float* lp = lh.data();
-      const int32_t* tp = th.data();
-      for (int64_t i = 0; i < N; ++i) {
-        if (tp[i] < 0) continue;
-        st.loss_sum += lp[i];
-        ++st.valid_tokens;
-      }
+      st.add_losses(lh.data(), th.data(), N);
     }
     if (!backward) return st;
     Tensor dx = act({N, D}, adt, dev);
@@ -900,6 +920,14 @@ void LlamaModel::reset_quant_stats() {
     std::fill(m.stats_numel.begin(), m.stats_numel.end(), 0);
   }
   m.w_stats_done = false;
+}
+
+void StepStats::add_losses(const float* loss, const int32_t* target, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (target[i] < 0) continue;
+    loss_sum += loss[i];
+    ++valid_tokens;
+  }
 }
 
 StepStats LlamaModel::forward_backward(const TensorView& tokens, const TensorView& targets,

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/formats.h"
 #include "ops/adamw_impl.h"
@@ -46,6 +47,7 @@ __device__ __forceinline__ void update_one(const AdamWPtrs& a, uint16_t* compute
 template <int UNIT>
 __global__ void __launch_bounds__(kThreads)
     adamw_kernel(const AdamWPtrs a, const SegmentBlocks tab, const AdamWScalars s) {
+  pdl::grid_sync();
   if (*a.skip != 0) return;  // NaN guard
   const float scale = *a.grad_scale;
   const int32_t b = blockIdx.x;
@@ -129,9 +131,9 @@ void adamw_step_cuda(Context& ctx, const TensorView& master, const TensorView& g
   for (const SegmentBlocks& t : plan) {
     if (t.blocks() == 0) continue;
     if (vec) {
-      adamw_kernel<4><<<t.blocks(), kThreads, 0, ctx.stream()>>>(a, t, s);
+      pdl::launch(adamw_kernel<4>, t.blocks(), kThreads, 0, ctx.stream(), a, t, s);
     } else {
-      adamw_kernel<1><<<t.blocks(), kThreads, 0, ctx.stream()>>>(a, t, s);
+      pdl::launch(adamw_kernel<1>, t.blocks(), kThreads, 0, ctx.stream(), a, t, s);
     }
     LOWBIT_CUDA_CHECK_LAUNCH();
   }

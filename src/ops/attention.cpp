@@ -7,6 +7,7 @@
 #include "lowbit/ops.h"
 #include "ops/attention_impl.h"
 #include "ops/ops_check.h"
+#include "ops/quant_epilogue.h"
 
 namespace lowbit {
 
@@ -100,10 +101,13 @@ void attention_fwd(Context& ctx, const TensorView& out, const TensorView& lse, c
   }
 }
 
-void attention_bwd(Context& ctx, const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                   const TensorView& dout, const TensorView& q, const TensorView& k,
-                   const TensorView& v, const TensorView& out, const TensorView& lse, float scale) {
-  const char* op = "attention_bwd";
+namespace {
+
+// The checks of attention_bwd's arguments.
+AttnShape check_bwd(const Context& ctx, const char* op, const TensorView& dq, const TensorView& dk,
+                    const TensorView& dv, const TensorView& dout, const TensorView& q,
+                    const TensorView& k, const TensorView& v, const TensorView& out,
+                    const TensorView& lse, float scale) {
   const AttnShape s = check_common(ctx, op, q, k, scale);
   check_heads(ctx, op, "v", v, s, s.Hkv);
   check_heads(ctx, op, "out", out, s, s.H);
@@ -112,12 +116,40 @@ void attention_bwd(Context& ctx, const TensorView& dq, const TensorView& dk, con
   check_heads(ctx, op, "dk", dk, s, s.Hkv);
   check_heads(ctx, op, "dv", dv, s, s.Hkv);
   check_lse(ctx, op, lse, s);
+  return s;
+}
+
+}  // namespace
+
+void attention_bwd(Context& ctx, const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                   const TensorView& dout, const TensorView& q, const TensorView& k,
+                   const TensorView& v, const TensorView& out, const TensorView& lse, float scale) {
+  const AttnShape s = check_bwd(ctx, "attention_bwd", dq, dk, dv, dout, q, k, v, out, lse, scale);
   if (s.B * s.T * s.H == 0) return;
   if (ctx.on_gpu()) {
     attn::attention_bwd_cuda(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale);
   } else {
     attn::attention_bwd_ref(dq, dk, dv, dout, q, k, v, out, lse, scale);
   }
+}
+
+void attention_bwd_quantize_out(Context& ctx, const TensorView& dq, const TensorView& dk,
+                                const TensorView& dv, const TensorView& dout, const TensorView& q,
+                                const TensorView& k, const TensorView& v, const TensorView& out,
+                                const TensorView& lse, float scale, const QuantConfig& out_cfg,
+                                QuantizedTensor& out_q) {
+  const char* op = "attention_bwd_quantize_out";
+  const AttnShape s = check_bwd(ctx, op, dq, dk, dv, dout, q, k, v, out, lse, scale);
+  ops_detail::check_contiguous(op, "out", out);
+  if (ctx.on_gpu() && s.B * s.T * s.H > 0 &&
+      ops_detail::fp8_delayed_fusable(out_cfg, ctx.device()) &&
+      attn::attention_bwd_quantize_out_cuda(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale,
+                                            out_cfg, out_q)) {
+    return;
+  }
+  // Everything else (and the CPU): the definition, the steps in turn.
+  attention_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale);
+  quantize(ctx, out.reshape({s.B * s.T, s.H * s.Dh}), out_cfg, out_q);
 }
 
 }  // namespace lowbit

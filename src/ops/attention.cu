@@ -39,8 +39,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "ops/attention_impl.h"
+#include "ops/quant_epilogue.cuh"
 #include "ops/wgmma.cuh"
 
 namespace lowbit::attn {
@@ -262,6 +264,7 @@ struct FwdParams {
 // Shared: Q [Br, Dh] | K [2][Bc, Dh] | V [2][Bc, Dh], bf16, swizzled.
 template <int kDh, int kWarps, int kBc, int kMt>
 __global__ void __launch_bounds__(kWarps * 32) attn_fwd_kernel(const FwdParams p) {
+  pdl::grid_sync();
   constexpr int kThreads = kWarps * 32;
   constexpr int kRowsW = 16 * kMt;  // queries per warp
   constexpr int kBr = kRowsW * kWarps;
@@ -462,6 +465,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_fwd_kernel(const FwdParams p
 // attn_fwd_kernel; only the order of the fp32 sums inside each product may differ.
 // Shared: Q [64, 64] | K [2][64, 64] | V [2][64, 64] bf16, 128B swizzle, 1024-byte aligned.
 __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) {
+  pdl::grid_sync();
   constexpr int kDh = 64, kB = 64, kThreads = 128;
   constexpr int kTile = kB * kDh * 2;  // 8 KB
   extern __shared__ __align__(128) uint8_t smem[];
@@ -570,6 +574,7 @@ struct PrepParams {
 // Dh/8 threads per query row (16 bytes each), rows enumerated in [B, H, T] order.
 template <int kDh>
 __global__ void __launch_bounds__(256) attn_bwd_prep_kernel(const PrepParams p) {
+  pdl::grid_sync();
   constexpr int kLanes = kDh / 8;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = idx / kLanes;
@@ -594,6 +599,59 @@ __global__ void __launch_bounds__(256) attn_bwd_prep_kernel(const PrepParams p) 
     p.delta[row] = acc;
     p.lse2[row] = p.lse[row] * kLog2e;
   }
+}
+
+// attn_bwd_prep_kernel fused with the per-tensor FP8 quantization (delayed scaling) of out,
+// contiguous [B·T, H·Dh] (T % 32 == 0): one block per 32 query rows of one (b, h) — the same
+// rows, per-thread sums and shuffles as attn_bwd_prep_kernel, so delta is its bits — whose
+// 32 × Dh values of out are quantized as quantize() would (they are bf16 already): rowwise codes
+// to ep.q when set, and the tile staged in shared memory and written transposed to ep.qt
+// (rows h·Dh .. h·Dh + Dh − 1, columns b·T + t0 .. + 32). vec_t: B·T % 16 == 0 and qt 16-byte
+// aligned.
+template <int kDh>
+__global__ void __launch_bounds__(kDh * 4)
+    attn_bwd_prep_fp8_kernel(const PrepParams p, bool vec_t, ops_detail::Fp8Epilogue ep) {
+  pdl::grid_sync();
+  constexpr int kLanes = kDh / 8, kRows = 32, kPitch = kDh + 4;  // ≡ 4 (mod 8): store_transposed
+  __shared__ __align__(16) uint8_t tile[kRows * kPitch];         // [32][Dh + 4] codes
+  const int r = static_cast<int>(threadIdx.x) / kLanes,
+            part = static_cast<int>(threadIdx.x) % kLanes;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRows + r;  // < rows: rows % 32 == 0
+  const int64_t t = row % p.T, bh = row / p.T, b = bh / p.H, h = bh % p.H;
+  const uint4 ov =
+      *reinterpret_cast<const uint4*>(p.out + b * p.o_sb + t * p.o_st + h * p.o_sh + part * 8);
+  const uint4 dv =
+      *reinterpret_cast<const uint4*>(p.dout + b * p.do_sb + t * p.do_st + h * p.do_sh + part * 8);
+  const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
+  float acc = 0.0f;
+  float o[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    o[2 * i] = __uint_as_float(ow[i] << 16);
+    o[2 * i + 1] = __uint_as_float(ow[i] & 0xFFFF0000u);
+    acc += o[2 * i] * __uint_as_float(dw[i] << 16);
+    acc += o[2 * i + 1] * __uint_as_float(dw[i] & 0xFFFF0000u);
+  }
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, off);
+  if (part == 0) {
+    p.delta[row] = acc;
+    p.lse2[row] = p.lse[row] * kLog2e;
+  }
+  const float scale = *ep.scale;
+  const int64_t n = b * p.T + t;  // the row of out as [B·T, H·Dh]
+  const int64_t width = int64_t(p.H) * kDh;
+  float amax = 0.0f;
+  ops_cuda::fp8_epilogue_chunk8<true>(
+      o, scale, ep.e5m2, nullptr, ep.q != nullptr ? ep.q + n * width + h * kDh + part * 8 : nullptr,
+      tile + r * kPitch + part * 8, amax);
+  if (ep.qt != nullptr) {
+    __syncthreads();                       // the tile is staged
+    const int64_t n0 = b * p.T + (t - r);  // the block's first row
+    ops_cuda::store_transposed<kRows>(ep.qt, tile, kPitch, n0, int64_t(p.rows / p.H), h * kDh, kDh,
+                                      vec_t);
+  }
+  ops_cuda::fp8_epilogue_finish(amax, scale, ep);
 }
 
 struct BwdParams {
@@ -640,6 +698,7 @@ __device__ __forceinline__ uint16_t* ds_tile(uint16_t* ds, int64_t bh, int n_til
 // attn_bwd_dq_from_ds_kernel (rows of keys past T are written as zeros).
 template <int kDh, int kWarps, int kBr, int kMt, bool kStoreDs = false>
 __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dkv_kernel(const BwdParams p) {
+  pdl::grid_sync();
   constexpr int kThreads = kWarps * 32;
   constexpr int kKeysW = 16 * kMt;  // keys per warp
   constexpr int kBc = kKeysW * kWarps;
@@ -848,6 +907,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dkv_kernel(const BwdPara
 // Shared: K | V | Q [2] | dO [2] (64×64 bf16 each, 128B swizzle, 1024-byte aligned) |
 //         lse2 [2][64] | delta [2][64] f32.
 __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams p) {
+  pdl::grid_sync();
   constexpr int kDh = 64, kB = 64, kThreads = 128, kTile = kB * kDh * 2;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t raw = smem_addr(smem);
@@ -953,6 +1013,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
 // and K as an N-major shared operand. Per-element math as attn_bwd_dq_kernel's.
 // Shared: Q | dO | K [2] | V [2] (64×64 bf16 each, 128B swizzle, 1024-byte aligned).
 __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams p) {
+  pdl::grid_sync();
   constexpr int kDh = 64, kB = 64, kThreads = 128, kTile = kB * kDh * 2;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
@@ -1028,6 +1089,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
 // Shared: Q [Br, Dh] | dO [Br, Dh] | K [2][Bc, Dh] | V [2][Bc, Dh], bf16, swizzled.
 template <int kDh, int kWarps, int kBc, int kMt>
 __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dq_kernel(const BwdParams p) {
+  pdl::grid_sync();
   constexpr int kThreads = kWarps * 32;
   constexpr int kRowsW = 16 * kMt;
   constexpr int kBr = kRowsW * kWarps;
@@ -1181,6 +1243,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dq_kernel(const BwdParam
 // Shared: dSᵀ [2][64, 64] | K [2][64, Dh] bf16, swizzled.
 template <int kDh>
 __global__ void __launch_bounds__(128) attn_bwd_dq_from_ds_kernel(const BwdParams p) {
+  pdl::grid_sync();
   constexpr int kThreads = 128;
   constexpr int kTileS = 64 * 64 * 2, kTileK = 64 * kDh * 2;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -1259,7 +1322,7 @@ void launch_fwd(const FwdParams& p, int B, cudaStream_t stream) {
   auto kernel = attn_fwd_kernel<kDh, kWarps, kBc, kMt>;
   set_smem(kernel, smem);
   const dim3 grid(tiles_of(p.T, kBr), B * p.H);
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  pdl::launch(kernel, grid, kWarps * 32, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1267,7 +1330,7 @@ void launch_dkv_wgmma(const BwdParams& p, int B, cudaStream_t stream) {
   const size_t smem = 6 * (64 * 64 * 2) + 4 * 64 * 4 + 1024;  // + room for the 1024 alignment
   set_smem(attn_bwd_dkv_wgmma_kernel, smem);
   const dim3 grid(tiles_of(p.T, 64), B * p.Hkv);
-  attn_bwd_dkv_wgmma_kernel<<<grid, 128, smem, stream>>>(p);
+  pdl::launch(attn_bwd_dkv_wgmma_kernel, grid, 128, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1275,7 +1338,7 @@ void launch_dq_wgmma(const BwdParams& p, int B, cudaStream_t stream) {
   const size_t smem = 6 * (64 * 64 * 2) + 1024;  // + room for the 1024 alignment
   set_smem(attn_bwd_dq_wgmma_kernel, smem);
   const dim3 grid(tiles_of(p.T, 64), B * p.H);
-  attn_bwd_dq_wgmma_kernel<<<grid, 128, smem, stream>>>(p);
+  pdl::launch(attn_bwd_dq_wgmma_kernel, grid, 128, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1283,7 +1346,7 @@ void launch_fwd_wgmma(const FwdParams& p, int B, cudaStream_t stream) {
   const size_t smem = 5 * (64 * 64 * 2) + 1024;  // + room to align the tiles to 1024 bytes
   set_smem(attn_fwd_wgmma_kernel, smem);
   const dim3 grid(tiles_of(p.T, 64), B * p.H);
-  attn_fwd_wgmma_kernel<<<grid, 128, smem, stream>>>(p);
+  pdl::launch(attn_fwd_wgmma_kernel, grid, 128, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1294,7 +1357,7 @@ void launch_dkv(const BwdParams& p, int B, cudaStream_t stream) {
   auto kernel = attn_bwd_dkv_kernel<kDh, kWarps, kBr, kMt, kStoreDs>;
   set_smem(kernel, smem);
   const dim3 grid(tiles_of(p.T, kBc), B * p.Hkv);
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  pdl::launch(kernel, grid, kWarps * 32, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1305,7 +1368,7 @@ void launch_dq(const BwdParams& p, int B, cudaStream_t stream) {
   auto kernel = attn_bwd_dq_kernel<kDh, kWarps, kBc, kMt>;
   set_smem(kernel, smem);
   const dim3 grid(tiles_of(p.T, kBr), B * p.H);
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  pdl::launch(kernel, grid, kWarps * 32, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1315,7 +1378,7 @@ void launch_dq_from_ds(const BwdParams& p, int B, cudaStream_t stream) {
   auto kernel = attn_bwd_dq_from_ds_kernel<kDh>;
   set_smem(kernel, smem);
   const dim3 grid(tiles_of(p.T, 64), B * p.H);
-  kernel<<<grid, 128, smem, stream>>>(p);
+  pdl::launch(kernel, grid, 128, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1519,10 +1582,14 @@ void attention_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& l
   run_fwd(dh, Variant{t.fwd_warps, t.fwd_bc, t.fwd_mt}, p, static_cast<int>(B), ctx.stream());
 }
 
-void attention_bwd_cuda(Context& ctx, const TensorView& dq, const TensorView& dk,
-                        const TensorView& dv, const TensorView& dout, const TensorView& q,
-                        const TensorView& k, const TensorView& v, const TensorView& out,
-                        const TensorView& lse, float scale, const CudaTiles* tiles) {
+namespace {
+
+// attention_bwd_cuda; with `out_ep` the first pass also quantizes out (attn_bwd_prep_fp8_kernel).
+void attention_bwd_run(Context& ctx, const TensorView& dq, const TensorView& dk,
+                       const TensorView& dv, const TensorView& dout, const TensorView& q,
+                       const TensorView& k, const TensorView& v, const TensorView& out,
+                       const TensorView& lse, float scale, const CudaTiles* tiles,
+                       const ops_detail::Fp8Epilogue* out_ep) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
   const int dh = static_cast<int>(q.size(3));
   check_grid("attention_bwd", B, H, T);
@@ -1559,10 +1626,19 @@ void attention_bwd_cuda(Context& ctx, const TensorView& dq, const TensorView& dk
   pp.rows = rows, pp.T = static_cast<int>(T), pp.H = static_cast<int>(H);
   const int64_t prep_threads = rows * (dh / 8);
   const unsigned prep_blocks = static_cast<unsigned>((prep_threads + 255) / 256);
-  if (dh == 64) {
-    attn_bwd_prep_kernel<64><<<prep_blocks, 256, 0, stream>>>(pp);
+  if (out_ep != nullptr) {
+    const unsigned blocks = static_cast<unsigned>(rows / 32);
+    const bool vec_t =
+        (B * T) % 16 == 0 && (out_ep->qt == nullptr || ops_cuda::aligned16(out_ep->qt));
+    if (dh == 64) {
+      pdl::launch(attn_bwd_prep_fp8_kernel<64>, blocks, 256, 0, stream, pp, vec_t, *out_ep);
+    } else {
+      pdl::launch(attn_bwd_prep_fp8_kernel<128>, blocks, 512, 0, stream, pp, vec_t, *out_ep);
+    }
+  } else if (dh == 64) {
+    pdl::launch(attn_bwd_prep_kernel<64>, prep_blocks, 256, 0, stream, pp);
   } else {
-    attn_bwd_prep_kernel<128><<<prep_blocks, 256, 0, stream>>>(pp);
+    pdl::launch(attn_bwd_prep_kernel<128>, prep_blocks, 256, 0, stream, pp);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 
@@ -1605,6 +1681,28 @@ void attention_bwd_cuda(Context& ctx, const TensorView& dq, const TensorView& dk
     c.ds = reinterpret_cast<uint16_t*>(ws + 2 * rows);
     run_dkv_ds_dq(dh, c, static_cast<int>(bc), stream);
   }
+}
+
+}  // namespace
+
+void attention_bwd_cuda(Context& ctx, const TensorView& dq, const TensorView& dk,
+                        const TensorView& dv, const TensorView& dout, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const TensorView& out,
+                        const TensorView& lse, float scale, const CudaTiles* tiles) {
+  attention_bwd_run(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale, tiles, nullptr);
+}
+
+bool attention_bwd_quantize_out_cuda(Context& ctx, const TensorView& dq, const TensorView& dk,
+                                     const TensorView& dv, const TensorView& dout,
+                                     const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& out, const TensorView& lse, float scale,
+                                     const QuantConfig& cfg, QuantizedTensor& out_q) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dh = q.size(3);
+  if (T % 32 != 0 || (dh != 64 && dh != 64 * 2) || !out.is_contiguous()) return false;
+  const ops_detail::Fp8Epilogue ep =
+      ops_detail::fp8_epilogue_outputs(ctx, cfg, B * T, H * dh, out_q);
+  attention_bwd_run(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale, nullptr, &ep);
+  return true;
 }
 
 }  // namespace lowbit::attn

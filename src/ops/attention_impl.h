@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lowbit/core.h"
+#include "lowbit/quant.h"
 
 namespace lowbit::attn {
 
@@ -61,5 +62,14 @@ void attention_bwd_cuda(Context& ctx, const TensorView& dq, const TensorView& dk
                         const TensorView& dv, const TensorView& dout, const TensorView& q,
                         const TensorView& k, const TensorView& v, const TensorView& out,
                         const TensorView& lse, float scale, const CudaTiles* tiles = nullptr);
+// attention_bwd_cuda whose first pass also quantizes out ([B·T, H·Dh], contiguous) under cfg
+// (which passed fp8_delayed_fusable) into out_q. False, with nothing launched, when the fused
+// pass does not apply (T % 32 != 0, out not contiguous, Dh not 64 or 128): the caller then runs
+// the composition.
+bool attention_bwd_quantize_out_cuda(Context& ctx, const TensorView& dq, const TensorView& dk,
+                                     const TensorView& dv, const TensorView& dout,
+                                     const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const TensorView& out, const TensorView& lse, float scale,
+                                     const QuantConfig& cfg, QuantizedTensor& out_q);
 
 }  // namespace lowbit::attn

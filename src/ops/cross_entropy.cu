@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/formats.h"
 #include "ops/cross_entropy_impl.h"
@@ -96,6 +97,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     cross_entropy_kernel(float* __restrict__ losses, uint16_t* dlogits, const uint16_t* logits,
                          const int32_t* __restrict__ targets, int V, int ignore_index,
                          float grad_scale, int cache_vecs) {
+  pdl::grid_sync();
   extern __shared__ uint4 cache[];  // [cache_vecs] the row's first body vectors
   constexpr int kWarps = THREADS / 32;
   __shared__ float red_m[kWarps], red_s[kWarps];
@@ -288,10 +290,10 @@ void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView
     LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(var->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem)));
   }
-  var->fn<<<static_cast<unsigned>(n), c.threads, smem, ctx.stream()>>>(
-      losses.ptr<float>(), dlogits ? dlogits->ptr<uint16_t>() : nullptr,
-      logits.ptr<const uint16_t>(), targets.ptr<const int32_t>(), static_cast<int>(V), ignore_index,
-      grad_scale, cache_vecs);
+  pdl::launch(var->fn, static_cast<unsigned>(n), c.threads, smem, ctx.stream(), losses.ptr<float>(),
+              dlogits ? dlogits->ptr<uint16_t>() : nullptr, logits.ptr<const uint16_t>(),
+              targets.ptr<const int32_t>(), static_cast<int>(V), ignore_index, grad_scale,
+              cache_vecs);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -2,6 +2,7 @@
 // f32 accesses) when every pointer is 16-byte aligned, then a scalar tail. `add` may run in place
 // (out = a or b), so its loads do not use the read-only cache and its pointers are not
 // __restrict__.
+#include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "ops/elementwise_impl.h"
 #include "ops/ops_cuda.cuh"
@@ -17,6 +18,7 @@ constexpr int kThreads = 256;
 // out [n] = a + b (fp32 add, one rounding for bf16); the first n8 · 8 elements as vectors.
 template <typename T>
 __global__ void add_kernel(T* out, const T* a, const T* b, int64_t n, int64_t n8) {
+  pdl::grid_sync();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   for (int64_t i = tid; i < n8; i += stride) {
@@ -36,6 +38,7 @@ __global__ void add_kernel(T* out, const T* a, const T* b, int64_t n, int64_t n8
 template <typename TO, typename TI>
 __global__ void convert_kernel(TO* __restrict__ dst, const TI* __restrict__ src, int64_t n,
                                int64_t n8) {
+  pdl::grid_sync();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   for (int64_t i = tid; i < n8; i += stride) {
@@ -58,11 +61,11 @@ void add_cuda(Context& ctx, const TensorView& out, const TensorView& a, const Te
   const int64_t n8 = vec ? n / 8 : 0;
   const int grid = grid_for(n8 > 0 ? n8 : n);
   if (out.dtype == DType::kF32) {
-    add_kernel<float><<<grid, kThreads, 0, ctx.stream()>>>(out.ptr<float>(), a.ptr<const float>(),
-                                                           b.ptr<const float>(), n, n8);
+    pdl::launch(add_kernel<float>, grid, kThreads, 0, ctx.stream(), out.ptr<float>(),
+                a.ptr<const float>(), b.ptr<const float>(), n, n8);
   } else {
-    add_kernel<uint16_t><<<grid, kThreads, 0, ctx.stream()>>>(
-        out.ptr<uint16_t>(), a.ptr<const uint16_t>(), b.ptr<const uint16_t>(), n, n8);
+    pdl::launch(add_kernel<uint16_t>, grid, kThreads, 0, ctx.stream(), out.ptr<uint16_t>(),
+                a.ptr<const uint16_t>(), b.ptr<const uint16_t>(), n, n8);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
@@ -81,11 +84,11 @@ void convert_cuda(Context& ctx, const TensorView& dst, const TensorView& src) {
   const int64_t n8 = vec ? n / 8 : 0;
   const int grid = grid_for(n8 > 0 ? n8 : n);
   if (dst.dtype == DType::kBF16) {
-    convert_kernel<uint16_t, float>
-        <<<grid, kThreads, 0, s>>>(dst.ptr<uint16_t>(), src.ptr<const float>(), n, n8);
+    pdl::launch(convert_kernel<uint16_t, float>, grid, kThreads, 0, s, dst.ptr<uint16_t>(),
+                src.ptr<const float>(), n, n8);
   } else {
-    convert_kernel<float, uint16_t>
-        <<<grid, kThreads, 0, s>>>(dst.ptr<float>(), src.ptr<const uint16_t>(), n, n8);
+    pdl::launch(convert_kernel<float, uint16_t>, grid, kThreads, 0, s, dst.ptr<float>(),
+                src.ptr<const uint16_t>(), n, n8);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }

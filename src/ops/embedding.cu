@@ -10,6 +10,7 @@
 // A token that occurs thousands of times is thus summed by many blocks, not serially by one.
 #include <cub/device/device_radix_sort.cuh>
 
+#include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "ops/embedding_impl.h"
 #include "ops/ops_cuda.cuh"
@@ -29,6 +30,7 @@ template <bool kVec>
 __global__ void embedding_fwd_kernel(uint16_t* __restrict__ out, const int32_t* __restrict__ tokens,
                                      const uint16_t* __restrict__ table, int64_t n_rows, int64_t d,
                                      int64_t vocab) {
+  pdl::grid_sync();
   constexpr int kE = kVec ? 8 : 1;
   const int64_t per_row = d / kE;
   const int64_t total = n_rows * per_row;
@@ -51,6 +53,7 @@ __global__ void embedding_fwd_kernel(uint16_t* __restrict__ out, const int32_t* 
 __global__ void embedding_keys_kernel(uint32_t* __restrict__ keys, int32_t* __restrict__ vals,
                                       const int32_t* __restrict__ tokens, int64_t n_rows,
                                       int64_t vocab) {
+  pdl::grid_sync();
   const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (n >= n_rows) return;
   const int32_t tok = tokens[n];
@@ -72,6 +75,7 @@ __global__ void embedding_bwd_chunk_kernel(float* __restrict__ dtable, float* __
                                            const int32_t* __restrict__ vals,
                                            const uint16_t* __restrict__ dout, int64_t n_rows,
                                            int64_t d, int64_t vocab) {
+  pdl::grid_sync();
   __shared__ uint32_t skey[kChunk];
   __shared__ int32_t sval[kChunk];
   const int64_t b = blockIdx.x, start = b * kChunk;
@@ -132,6 +136,7 @@ __global__ void embedding_bwd_carry_kernel(float* __restrict__ dtable,
                                            const float* __restrict__ slots,
                                            const uint32_t* __restrict__ keys, int64_t n_rows,
                                            int64_t d, int64_t vocab) {
+  pdl::grid_sync();
   __shared__ int64_t last_chunk;
   const int64_t b = blockIdx.x, start = b * kChunk, end = min(n_rows, start + kChunk);
   if (end >= n_rows) return;
@@ -169,11 +174,11 @@ void embedding_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& t
   const bool vec = d % 8 == 0 && aligned16(o) && aligned16(t);
   cudaStream_t s = ctx.stream();
   if (vec) {
-    embedding_fwd_kernel<true><<<grid_for(n_rows * d / 8), kThreads, 0, s>>>(
-        o, tokens.ptr<const int32_t>(), t, n_rows, d, vocab);
+    pdl::launch(embedding_fwd_kernel<true>, grid_for(n_rows * d / 8), kThreads, 0, s, o,
+                tokens.ptr<const int32_t>(), t, n_rows, d, vocab);
   } else {
-    embedding_fwd_kernel<false><<<grid_for(n_rows * d), kThreads, 0, s>>>(
-        o, tokens.ptr<const int32_t>(), t, n_rows, d, vocab);
+    pdl::launch(embedding_fwd_kernel<false>, grid_for(n_rows * d), kThreads, 0, s, o,
+                tokens.ptr<const int32_t>(), t, n_rows, d, vocab);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
@@ -204,8 +209,8 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
   int32_t* vals_out = reinterpret_cast<int32_t*>(ws + 3 * arr);    // [N], positions by key
   float* slots = reinterpret_cast<float*>(ws + 4 * arr);           // [chunks, 2, D]
   void* cub_tmp = ws + 4 * arr + slot_bytes;
-  embedding_keys_kernel<<<int(ceil_div(n_rows, kThreads)), kThreads, 0, s>>>(
-      keys_in, vals_in, tokens.ptr<const int32_t>(), n_rows, vocab);
+  pdl::launch(embedding_keys_kernel, int(ceil_div(n_rows, kThreads)), kThreads, 0, s, keys_in,
+              vals_in, tokens.ptr<const int32_t>(), n_rows, vocab);
   LOWBIT_CUDA_CHECK_LAUNCH();
   LOWBIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_tmp, cub_bytes, keys_in, keys_out, vals_in,
                                                     vals_out, n, 0, end_bit, s));
@@ -219,16 +224,16 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
                                                      ceil_div(lanes, lanes_per_block), 65535)));
   const dim3 block(lanes_per_block, kChunk);
   if (vec) {
-    embedding_bwd_chunk_kernel<true>
-        <<<grid, block, 0, s>>>(dt, slots, keys_out, vals_out, dy, n_rows, d, vocab);
+    pdl::launch(embedding_bwd_chunk_kernel<true>, grid, block, 0, s, dt, slots, keys_out, vals_out,
+                dy, n_rows, d, vocab);
   } else {
-    embedding_bwd_chunk_kernel<false>
-        <<<grid, block, 0, s>>>(dt, slots, keys_out, vals_out, dy, n_rows, d, vocab);
+    pdl::launch(embedding_bwd_chunk_kernel<false>, grid, block, 0, s, dt, slots, keys_out, vals_out,
+                dy, n_rows, d, vocab);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
   const int carry_threads = int(std::min<int64_t>(kThreads, ceil_div(d, kWarp) * kWarp));
-  embedding_bwd_carry_kernel<<<grid.x, carry_threads, 0, s>>>(dt, slots, keys_out, n_rows, d,
-                                                              vocab);
+  pdl::launch(embedding_bwd_carry_kernel, grid.x, carry_threads, 0, s, dt, slots, keys_out, n_rows,
+              d, vocab);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "ops/grad_norm_impl.h"
 #include "ops/ops_cuda.cuh"
@@ -55,6 +56,7 @@ template <int UNIT>
 __global__ void __launch_bounds__(kThreads)
     sumsq_partial_kernel(double* __restrict__ partial, const float* __restrict__ g,
                          const SegmentBlocks tab) {
+  pdl::grid_sync();
   const int32_t b = blockIdx.x;
   const int i = tab.find(b);
   const int64_t c = b - tab.first_block[i];
@@ -86,6 +88,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     sumsq_final_kernel(float* __restrict__ sumsq, const double* __restrict__ partial,
                        const SegmentBlocks tab) {
+  pdl::grid_sync();
   const int i = blockIdx.x;
   double acc = 0.0;
   for (int32_t p = tab.first_block[i] + threadIdx.x; p < tab.first_block[i + 1]; p += kThreads) {
@@ -100,6 +103,7 @@ __global__ void __launch_bounds__(kThreads)
     clip_coefficient_kernel(float* __restrict__ norm, float* __restrict__ coef,
                             int32_t* __restrict__ skip, const float* __restrict__ sumsq, int64_t s,
                             float max_norm) {
+  pdl::grid_sync();
   double acc = 0.0;
   for (int64_t k = threadIdx.x; k < s; k += kThreads) acc += double(sumsq[k]);
   const double total = block_sum_f64(acc);
@@ -130,13 +134,14 @@ void segment_sumsq_cuda(Context& ctx, const TensorView& sumsq, const TensorView&
   for (const SegmentBlocks& t : plan) {
     if (t.blocks() > 0) {
       if (vec) {
-        sumsq_partial_kernel<4><<<t.blocks(), kThreads, 0, st>>>(partial + base, g, t);
+        pdl::launch(sumsq_partial_kernel<4>, t.blocks(), kThreads, 0, st, partial + base, g, t);
       } else {
-        sumsq_partial_kernel<1><<<t.blocks(), kThreads, 0, st>>>(partial + base, g, t);
+        pdl::launch(sumsq_partial_kernel<1>, t.blocks(), kThreads, 0, st, partial + base, g, t);
       }
       LOWBIT_CUDA_CHECK_LAUNCH();
     }
-    sumsq_final_kernel<<<t.count, kThreads, 0, st>>>(sumsq.ptr<float>(), partial + base, t);
+    pdl::launch(sumsq_final_kernel, t.count, kThreads, 0, st, sumsq.ptr<float>(), partial + base,
+                t);
     LOWBIT_CUDA_CHECK_LAUNCH();
     base += t.blocks();
   }
@@ -144,9 +149,9 @@ void segment_sumsq_cuda(Context& ctx, const TensorView& sumsq, const TensorView&
 
 void clip_coefficient_cuda(Context& ctx, const TensorView& norm, const TensorView& coef,
                            const TensorView& skip, const TensorView& sumsq, float max_norm) {
-  clip_coefficient_kernel<<<1, kThreads, 0, ctx.stream()>>>(
-      norm.ptr<float>(), coef.ptr<float>(), skip.ptr<int32_t>(), sumsq.ptr<const float>(),
-      sumsq.numel(), max_norm);
+  pdl::launch(clip_coefficient_kernel, 1, kThreads, 0, ctx.stream(), norm.ptr<float>(),
+              coef.ptr<float>(), skip.ptr<int32_t>(), sumsq.ptr<const float>(), sumsq.numel(),
+              max_norm);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -11,6 +11,7 @@
 // fixed by the shapes alone, so results are deterministic (and identical on any GPU).
 #include <algorithm>
 
+#include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "ops/ops_cuda.cuh"
 #include "ops/quant_epilogue.cuh"
@@ -150,6 +151,7 @@ __global__ void __launch_bounds__(512)
     rmsnorm_fwd_kernel(uint16_t* __restrict__ out, float* __restrict__ rstd,
                        const uint16_t* __restrict__ x, const uint16_t* __restrict__ w, int d,
                        float eps) {
+  pdl::grid_sync();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const uint16_t* xr = x + row * d;  // [D]
@@ -216,6 +218,7 @@ __global__ void __launch_bounds__(512)
                            const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
                            int64_t n_rows, int d, float eps, int group_threads, int groups,
                            bool vec_t, ops_detail::Fp8Epilogue ep) {
+  pdl::grid_sync();
   extern __shared__ __align__(16) uint8_t tile[];  // [kQRows][d + 4] codes (kCol only)
   __shared__ float scratch[16];                    // one partial sum per warp (≤ 512 threads)
   const int pitch = d + 4;                         // ≡ 4 (mod 8): see store_transposed
@@ -284,6 +287,7 @@ __global__ void __launch_bounds__(1024)
                        const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
                        const float* __restrict__ rstd, const uint16_t* residual, int64_t n_rows,
                        int d, int group_threads, int groups, int64_t rows_per_block) {
+  pdl::grid_sync();
   extern __shared__ float fold[];  // [D]
   __shared__ float scratch[32];    // one sum per warp
   const int g = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
@@ -373,6 +377,7 @@ __global__ void __launch_bounds__(512)
                            const uint16_t* residual, int64_t n_rows, int d, float eps,
                            int group_threads, int groups, int64_t rows_per_block, bool vec_t,
                            ops_detail::Fp8Epilogue dxe, ops_detail::Fp8Epilogue ye) {
+  pdl::grid_sync();
   extern __shared__ __align__(16) uint8_t smem[];    // [tiles][kQRows][d + 4] codes, then [D] f32
   __shared__ float scratch_dot[16], scratch_ss[16];  // one partial sum per warp (≤ 512 threads)
   const int pitch = d + 4;                           // ≡ 4 (mod 8): see store_transposed
@@ -502,6 +507,7 @@ __global__ void __launch_bounds__(512)
 // The sum starts at +0, so writing it equals adding it to a zeroed dw (never −0).
 __global__ void rmsnorm_dw_reduce_kernel(float* __restrict__ dw, const float* __restrict__ partial,
                                          int64_t blocks, int d, bool accumulate) {
+  pdl::grid_sync();
   __shared__ float s[32][33];
   const int col = blockIdx.x * 32 + threadIdx.x;
   float acc = 0.0f;
@@ -576,8 +582,8 @@ struct BwdPointers {
 // dw [D] += (or =) the block partial rows [blocks, D], in block order.
 void reduce_dw(cudaStream_t s, const TensorView& dw, const float* partial, int64_t blocks,
                int64_t d, bool accumulate) {
-  rmsnorm_dw_reduce_kernel<<<static_cast<unsigned>(ceil_div(d, 32)), dim3(32, 32), 0, s>>>(
-      dw.ptr<float>(), partial, blocks, int(d), accumulate);
+  pdl::launch(rmsnorm_dw_reduce_kernel, static_cast<unsigned>(ceil_div(d, 32)), dim3(32, 32), 0, s,
+              dw.ptr<float>(), partial, blocks, int(d), accumulate);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -585,10 +591,17 @@ template <int VEC>
 void launch_fwd(const RowPlan& p, dim3 grid, cudaStream_t s, uint16_t* out, float* rstd,
                 const uint16_t* x, const uint16_t* w, int d, float eps) {
   switch (p.vpt) {
-    case 1: rmsnorm_fwd_kernel<VEC, 1><<<grid, p.threads, 0, s>>>(out, rstd, x, w, d, eps); break;
-    case 2: rmsnorm_fwd_kernel<VEC, 2><<<grid, p.threads, 0, s>>>(out, rstd, x, w, d, eps); break;
-    case 4: rmsnorm_fwd_kernel<VEC, 4><<<grid, p.threads, 0, s>>>(out, rstd, x, w, d, eps); break;
-    default: rmsnorm_fwd_kernel<VEC, 8><<<grid, p.threads, 0, s>>>(out, rstd, x, w, d, eps);
+    case 1:
+      pdl::launch(rmsnorm_fwd_kernel<VEC, 1>, grid, p.threads, 0, s, out, rstd, x, w, d, eps);
+      break;
+    case 2:
+      pdl::launch(rmsnorm_fwd_kernel<VEC, 2>, grid, p.threads, 0, s, out, rstd, x, w, d, eps);
+      break;
+    case 4:
+      pdl::launch(rmsnorm_fwd_kernel<VEC, 4>, grid, p.threads, 0, s, out, rstd, x, w, d, eps);
+      break;
+    default:
+      pdl::launch(rmsnorm_fwd_kernel<VEC, 8>, grid, p.threads, 0, s, out, rstd, x, w, d, eps);
   }
 }
 
@@ -599,8 +612,8 @@ void launch_bwd_vpt(dim3 grid, int threads, size_t smem, cudaStream_t s, uint16_
                     int groups, int64_t rows_per_block) {
   auto kernel = rmsnorm_bwd_kernel<VEC, VPT>;
   allow_dynamic_smem(kernel, smem);
-  kernel<<<grid, threads, smem, s>>>(dx, partial, dy, x, w, rstd, res, n, d, group_threads, groups,
-                                     rows_per_block);
+  pdl::launch(kernel, grid, threads, smem, s, dx, partial, dy, x, w, rstd, res, n, d, group_threads,
+              groups, rows_per_block);
 }
 
 template <int VEC>
@@ -681,8 +694,8 @@ bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorVi
   cudaStream_t s = ctx.stream();
   auto launch = [&](auto kernel) {
     allow_dynamic_smem(kernel, smem);
-    kernel<<<grid, threads, smem, s>>>(yp, rp, xp, wp, n, int(d), eps, p.threads, groups, vec_t,
-                                       ep);
+    pdl::launch(kernel, grid, threads, smem, s, yp, rp, xp, wp, n, int(d), eps, p.threads, groups,
+                vec_t, ep);
   };
   switch (p.vpt * 2 + (col ? 1 : 0)) {
     case 2: launch(rmsnorm_fwd_fp8_kernel<1, false>); break;
@@ -753,9 +766,9 @@ bool rmsnorm_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorV
   cudaStream_t s = ctx.stream();
   auto launch = [&](auto kernel) {
     allow_dynamic_smem(kernel, smem);
-    kernel<<<grid, b.threads, smem, s>>>(dxp, partial, dyp, xp, wp, rstd.ptr<const float>(), rp, n,
-                                         int(d), eps, p.threads, b.groups, b.rows_per_block, vec_t,
-                                         dxe, ye);
+    pdl::launch(kernel, grid, b.threads, smem, s, dxp, partial, dyp, xp, wp,
+                rstd.ptr<const float>(), rp, n, int(d), eps, p.threads, b.groups, b.rows_per_block,
+                vec_t, dxe, ye);
   };
   const int which = (p.vpt == 1 ? 0 : 3) + (want_dx && want_y ? 2 : want_y ? 1 : 0);
   switch (which) {

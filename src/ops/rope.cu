@@ -2,6 +2,7 @@
 // vector, VEC = 8 (16-byte loads of both halves, 64 bytes of the (cos, sin) table) when Dh/2 and
 // the strides are multiples of 8 and the views 16-byte aligned, else 1. Each thread reads its
 // elements before writing them, so y may be x itself (no __restrict__ on them).
+#include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "ops/ops_cuda.cuh"
 #include "ops/quant_epilogue.cuh"
@@ -26,6 +27,7 @@ template <int VEC, typename Idx>
 __global__ void rope_kernel(uint16_t* y, const uint16_t* x, const float* __restrict__ table, Idx nt,
                             Idx nh, Idx half, HeadStrides ys, HeadStrides xs, Idx total,
                             float sign) {
+  pdl::grid_sync();
   const Idx chunks = half / VEC;
   for (Idx i = blockIdx.x * Idx(blockDim.x) + threadIdx.x; i < total;
        i += Idx(gridDim.x) * blockDim.x) {
@@ -75,6 +77,7 @@ __global__ void __launch_bounds__(512)
     rope_bwd_fp8_kernel(uint16_t* dx, const uint16_t* dy, const float* __restrict__ table,
                         int64_t n_rows, int64_t t_len, int nh, int n_rot, int dh, bool vec_t,
                         ops_detail::Fp8Epilogue ep) {
+  pdl::grid_sync();
   extern __shared__ __align__(16) uint8_t tile[];  // [kRopeRows][dh + 4] codes (kCol only)
   const int pitch = dh + 4;                        // ≡ 4 (mod 8): see store_transposed
   const int half = dh / 2, chunks = half / 8;
@@ -141,11 +144,11 @@ bool rope_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorView
   const int threads = int(kRopeRows * (dh / 16));
   cudaStream_t s = ctx.stream();
   if (col) {
-    rope_bwd_fp8_kernel<true>
-        <<<grid, threads, smem, s>>>(dxp, dyp, tab, n, nt, int(nh), int(n_rot), int(dh), vec_t, ep);
+    pdl::launch(rope_bwd_fp8_kernel<true>, grid, threads, smem, s, dxp, dyp, tab, n, nt, int(nh),
+                int(n_rot), int(dh), vec_t, ep);
   } else {
-    rope_bwd_fp8_kernel<false>
-        <<<grid, threads, smem, s>>>(dxp, dyp, tab, n, nt, int(nh), int(n_rot), int(dh), vec_t, ep);
+    pdl::launch(rope_bwd_fp8_kernel<false>, grid, threads, smem, s, dxp, dyp, tab, n, nt, int(nh),
+                int(n_rot), int(dh), vec_t, ep);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
   return true;
@@ -169,17 +172,17 @@ void rope_apply_cuda(Context& ctx, const TensorView& y, const TensorView& x,
   // 32-bit index math while the index space (plus one grid stride) fits.
   const bool narrow = total + int64_t(grid) * kThreads < (int64_t(1) << 32);
   if (vec && narrow) {
-    rope_kernel<8, uint32_t><<<grid, kThreads, 0, st>>>(
-        yp, xp, tab, uint32_t(nt), uint32_t(nh), uint32_t(half), ys, xs, uint32_t(total), sign);
+    pdl::launch(rope_kernel<8, uint32_t>, grid, kThreads, 0, st, yp, xp, tab, uint32_t(nt),
+                uint32_t(nh), uint32_t(half), ys, xs, uint32_t(total), sign);
   } else if (vec) {
-    rope_kernel<8, int64_t>
-        <<<grid, kThreads, 0, st>>>(yp, xp, tab, nt, nh, half, ys, xs, total, sign);
+    pdl::launch(rope_kernel<8, int64_t>, grid, kThreads, 0, st, yp, xp, tab, nt, nh, half, ys, xs,
+                total, sign);
   } else if (narrow) {
-    rope_kernel<1, uint32_t><<<grid, kThreads, 0, st>>>(
-        yp, xp, tab, uint32_t(nt), uint32_t(nh), uint32_t(half), ys, xs, uint32_t(total), sign);
+    pdl::launch(rope_kernel<1, uint32_t>, grid, kThreads, 0, st, yp, xp, tab, uint32_t(nt),
+                uint32_t(nh), uint32_t(half), ys, xs, uint32_t(total), sign);
   } else {
-    rope_kernel<1, int64_t>
-        <<<grid, kThreads, 0, st>>>(yp, xp, tab, nt, nh, half, ys, xs, total, sign);
+    pdl::launch(rope_kernel<1, int64_t>, grid, kThreads, 0, st, yp, xp, tab, nt, nh, half, ys, xs,
+                total, sign);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }

@@ -1,6 +1,7 @@
 // CUDA SwiGLU: one thread per 8 columns of a row (16-byte loads of gate, up and dout, 16-byte
 // stores) when F % 8 == 0 and the rows are aligned, else one thread per column. The per-element
 // math is swiglu_impl.h, shared with the CPU twin.
+#include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "ops/ops_cuda.cuh"
 #include "ops/quant_epilogue.cuh"
@@ -18,6 +19,7 @@ constexpr int kThreads = 256;
 template <int VEC>
 __global__ void swiglu_fwd_kernel(uint16_t* __restrict__ out, const uint16_t* __restrict__ gate_up,
                                   int64_t f, int64_t total) {
+  pdl::grid_sync();
   const int64_t per_row = f / VEC;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -41,6 +43,7 @@ template <int VEC>
 __global__ void swiglu_bwd_kernel(uint16_t* __restrict__ dgate_up,
                                   const uint16_t* __restrict__ dout,
                                   const uint16_t* __restrict__ gate_up, int64_t f, int64_t total) {
+  pdl::grid_sync();
   const int64_t per_row = f / VEC;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -85,6 +88,7 @@ template <bool kCol>
 __global__ void __launch_bounds__(kThreads)
     swiglu_fwd_fp8_kernel(uint16_t* __restrict__ h, const uint16_t* __restrict__ gate_up,
                           int64_t n_rows, int64_t f, bool vec_t, ops_detail::Fp8Epilogue ep) {
+  pdl::grid_sync();
   constexpr int kPitch = kTK + 4;                       // ≡ 4 (mod 8): see store_transposed
   __shared__ __align__(16) uint8_t tile[kTM * kPitch];  // [kTM][kTK + 4] codes (kCol only)
   constexpr int kChunks = kTM * kTK / 8 / kThreads;
@@ -158,6 +162,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     swiglu_bwd_fp8_kernel(uint16_t* __restrict__ dgate_up, const uint16_t* __restrict__ dout,
                           const uint16_t* __restrict__ gate_up, int64_t n_rows, int64_t f,
                           bool vec_t, ops_detail::Fp8Epilogue ep, ops_detail::Fp8Epilogue hep) {
+  pdl::grid_sync();
   constexpr int kPitch = kTK + 4;  // ≡ 4 (mod 8): see store_transposed
   // [dgate, dup, h][kTM][kTK + 4] codes (dgate and dup when kCol, h when kH).
   constexpr int kTiles = kH ? 3 : 2;
@@ -247,9 +252,9 @@ void swiglu_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& gate
   const bool vec = f % 8 == 0 && aligned16(o) && aligned16(gu);
   if (vec) {
     const int64_t total = n * f / 8;
-    swiglu_fwd_kernel<8><<<grid_for(total), kThreads, 0, ctx.stream()>>>(o, gu, f, total);
+    pdl::launch(swiglu_fwd_kernel<8>, grid_for(total), kThreads, 0, ctx.stream(), o, gu, f, total);
   } else {
-    swiglu_fwd_kernel<1><<<grid_for(n * f), kThreads, 0, ctx.stream()>>>(o, gu, f, n * f);
+    pdl::launch(swiglu_fwd_kernel<1>, grid_for(n * f), kThreads, 0, ctx.stream(), o, gu, f, n * f);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
@@ -267,9 +272,11 @@ bool swiglu_fwd_quantize_cuda(Context& ctx, const TensorView& h, const TensorVie
   const bool vec_t = n % 16 == 0 && aligned16(ep.qt);
   const dim3 grid(static_cast<unsigned>(ceil_div(n, kTM)), static_cast<unsigned>(ceil_div(f, kTK)));
   if (cfg.columnwise) {
-    swiglu_fwd_fp8_kernel<true><<<grid, kThreads, 0, ctx.stream()>>>(hp, gu, n, f, vec_t, ep);
+    pdl::launch(swiglu_fwd_fp8_kernel<true>, grid, kThreads, 0, ctx.stream(), hp, gu, n, f, vec_t,
+                ep);
   } else {
-    swiglu_fwd_fp8_kernel<false><<<grid, kThreads, 0, ctx.stream()>>>(hp, gu, n, f, vec_t, ep);
+    pdl::launch(swiglu_fwd_fp8_kernel<false>, grid, kThreads, 0, ctx.stream(), hp, gu, n, f, vec_t,
+                ep);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
   return true;
@@ -284,9 +291,11 @@ void swiglu_bwd_cuda(Context& ctx, const TensorView& dgate_up, const TensorView&
   const bool vec = f % 8 == 0 && aligned16(dgu) && aligned16(dy) && aligned16(gu);
   if (vec) {
     const int64_t total = n * f / 8;
-    swiglu_bwd_kernel<8><<<grid_for(total), kThreads, 0, ctx.stream()>>>(dgu, dy, gu, f, total);
+    pdl::launch(swiglu_bwd_kernel<8>, grid_for(total), kThreads, 0, ctx.stream(), dgu, dy, gu, f,
+                total);
   } else {
-    swiglu_bwd_kernel<1><<<grid_for(n * f), kThreads, 0, ctx.stream()>>>(dgu, dy, gu, f, n * f);
+    pdl::launch(swiglu_bwd_kernel<1>, grid_for(n * f), kThreads, 0, ctx.stream(), dgu, dy, gu, f,
+                n * f);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
@@ -314,7 +323,7 @@ bool swiglu_bwd_quantize_cuda(Context& ctx, const TensorView& dgate_up, const Te
                      (hep.qt == nullptr || aligned16(hep.qt));
   const dim3 grid(static_cast<unsigned>(ceil_div(n, kTM)), static_cast<unsigned>(ceil_div(f, kTK)));
   auto launch = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, ctx.stream()>>>(dgu, dy, gu, n, f, vec_t, ep, hep);
+    pdl::launch(kernel, grid, kThreads, 0, ctx.stream(), dgu, dy, gu, n, f, vec_t, ep, hep);
   };
   switch ((cfg.columnwise ? 2 : 0) + (with_h ? 1 : 0)) {
     case 0: launch(swiglu_bwd_fp8_kernel<false, false>); break;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "core/pdl.cuh"
 #include "lowbit/core.h"
 #include "lowbit/core/cuda_check.h"
 #include "quant/clip_stats_impl.h"
@@ -27,6 +28,7 @@ __device__ __forceinline__ float load_source<float>(const float* x, int64_t i) {
 template <typename T>
 __global__ void clip_stats_kernel(const T* __restrict__ x, ClipStatsView v,
                                   unsigned long long* __restrict__ counts) {
+  pdl::grid_sync();
   const int64_t n = v.m * v.k;
   uint32_t saturated = 0, underflow = 0;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -54,11 +56,11 @@ void quant_clip_stats_cuda(Context& ctx, const TensorView& x, const ClipStatsVie
   const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
   auto* c = static_cast<unsigned long long*>(counts.data);
   if (x.dtype == DType::kBF16) {
-    clip_stats_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(static_cast<const uint16_t*>(x.data),
-                                                             v, c);
+    pdl::launch(clip_stats_kernel<uint16_t>, blocks, kThreads, 0, ctx.stream(),
+                static_cast<const uint16_t*>(x.data), v, c);
   } else {
-    clip_stats_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(static_cast<const float*>(x.data), v,
-                                                             c);
+    pdl::launch(clip_stats_kernel<float>, blocks, kThreads, 0, ctx.stream(),
+                static_cast<const float*>(x.data), v, c);
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }

@@ -2,6 +2,7 @@
 // (delayed_update_slot in quant/scale_math.h). One block per slot rolls its history column in
 // parallel (a thread per slot walked 1024 dependent rows: ~0.4 ms per update); the amax is a
 // max, so the parallel reduction equals the twin's sequential one.
+#include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/quant/scale_math.h"
 #include "quant/cuda_common.cuh"
@@ -14,6 +15,7 @@ namespace {
 __global__ void delayed_update_kernel(float* history,  // [L, n] f32
                                       int64_t len, int64_t n, bool algo_max, float scaled_max,
                                       float* scale, float* scale_inv) {  // [n] f32 each
+  pdl::grid_sync();
   const int64_t s = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (s < n) delayed_update_slot(history, len, n, s, algo_max, scaled_max, scale, scale_inv);
 }
@@ -24,7 +26,8 @@ constexpr int64_t kRollMaxLen = 12000;  // the history column staged in shared m
 __global__ void delayed_roll_kernel(float* history,  // [L, n] f32
                                     int64_t len, int64_t n, bool algo_max, float scaled_max,
                                     float* scale, float* scale_inv) {  // [n] f32 each
-  extern __shared__ float col[];                                       // [L]: the rolled column
+  pdl::grid_sync();
+  extern __shared__ float col[];  // [L]: the rolled column
   __shared__ float warp_max[kRollThreads / 32];
   const int64_t s = blockIdx.x;
   const float last = history[s];  // read by every thread before row 0 is rewritten
@@ -56,13 +59,14 @@ __global__ void delayed_roll_kernel(float* history,  // [L, n] f32
 }
 
 __global__ void record_amax_kernel(float* row0_slot, float amax) {
+  pdl::grid_sync();
   *row0_slot = fmax_num(*row0_slot, amax);
 }
 
 }  // namespace
 
 void delayed_record_amax(float* row0_slot, float amax, cudaStream_t stream) {
-  record_amax_kernel<<<1, 1, 0, stream>>>(row0_slot, amax);
+  pdl::launch(record_amax_kernel, 1, 1, 0, stream, row0_slot, amax);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -70,12 +74,12 @@ void delayed_update(float* history, int64_t len, int64_t n_slots, bool algo_max,
                     float* scale, float* scale_inv, cudaStream_t stream) {
   if (n_slots == 0) return;
   if (len <= kRollMaxLen) {
-    delayed_roll_kernel<<<unsigned(n_slots), kRollThreads, size_t(len) * sizeof(float), stream>>>(
-        history, len, n_slots, algo_max, scaled_max, scale, scale_inv);
+    pdl::launch(delayed_roll_kernel, unsigned(n_slots), kRollThreads, size_t(len) * sizeof(float),
+                stream, history, len, n_slots, algo_max, scaled_max, scale, scale_inv);
   } else {  // very long histories: the sequential per-slot walk
     const int threads = 128;
-    delayed_update_kernel<<<unsigned((n_slots + threads - 1) / threads), threads, 0, stream>>>(
-        history, len, n_slots, algo_max, scaled_max, scale, scale_inv);
+    pdl::launch(delayed_update_kernel, unsigned((n_slots + threads - 1) / threads), threads, 0,
+                stream, history, len, n_slots, algo_max, scaled_max, scale, scale_inv);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }

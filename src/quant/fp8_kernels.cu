@@ -7,6 +7,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/quant/layout.h"
 #include "quant/cuda_common.cuh"
@@ -24,6 +25,7 @@ constexpr int kThreads = 256;
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     amax_kernel(const T* __restrict__ x, int64_t n, float* amax) {
+  pdl::grid_sync();
   constexpr int V = 8;
   float local = 0.0f;
   const int64_t n_vec = n / V;
@@ -50,6 +52,7 @@ __global__ void __launch_bounds__(kThreads)
 // scale = compute_scale_from_amax(*amax), scale_inv = RN(1/scale): one thread.
 __global__ void current_scale_kernel(const float* amax, float fmax, bool pow2, float eps,
                                      float* scale, float* scale_inv) {
+  pdl::grid_sync();
   const float s = compute_scale_from_amax(*amax, fmax, pow2, eps, f32_max_finite());
   *scale = s;
   *scale_inv = scale_inv_from_scale(s);
@@ -72,6 +75,7 @@ __global__ void __launch_bounds__(kThreads)
                               float* scale_inv_out,      // [1] or null
                               float* amax_out,           // [1], max-accumulated, or null
                               float* amax_fold) {        // [1], max-accumulated, or null
+  pdl::grid_sync();
   // Codes of the tile; rows padded to a pitch ≡ 4 (mod 8) bytes, as store_transposed wants.
   __shared__ __align__(16) uint8_t tile[kTM][kTK + 4];
   const float scale = *scale_ptr;
@@ -171,6 +175,7 @@ __global__ void __launch_bounds__(kThreads)
                      uint8_t* __restrict__ qt,      // [K, M] or null
                      float* __restrict__ qt_scale,  // columnwise scale_inv
                      float* amax_out) {
+  pdl::grid_sync();
   // The tile is kept in the source type (bf16 stays 2 bytes: 33 KB instead of 66 KB, twice the
   // resident blocks); the row pitch of kB + 2 elements keeps column reads conflict-free.
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -358,6 +363,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                         uint8_t* __restrict__ qt,      // [K, M] or null
                         float* __restrict__ qt_scale,  // columnwise scale_inv
                         float* amax_out) {
+  pdl::grid_sync();
   __shared__ __align__(16) uint4 tile[kB][kB / 8];  // [128 rows][16 granules], swizzled, 32 KB
   __shared__ float col_part[2][kB];                 // 1×128 columnwise: amax of each half column
   __shared__ float warp_red[kThreads / 32];
@@ -506,13 +512,13 @@ bool legacy_kernels() { return quant_kernels_version() == 8; }
 
 template <typename T>
 void amax(const T* x, int64_t n, float* amax_out, cudaStream_t stream) {
-  amax_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(x, n, amax_out);
+  pdl::launch(amax_kernel<T>, grid_for(n), kThreads, 0, stream, x, n, amax_out);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
 void current_scale(const float* amax_in, float fmax, bool pow2, float eps, float* scale,
                    float* scale_inv, cudaStream_t stream) {
-  current_scale_kernel<<<1, 1, 0, stream>>>(amax_in, fmax, pow2, eps, scale, scale_inv);
+  pdl::launch(current_scale_kernel, 1, 1, 0, stream, amax_in, fmax, pow2, eps, scale, scale_inv);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -527,7 +533,8 @@ void fp8_cast_transpose(const T* x, int64_t M, int64_t K, const float* scale, bo
                     reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(qt) % 16 == 0;
   auto kern = full ? fp8_cast_transpose_kernel<T, true> : fp8_cast_transpose_kernel<T, false>;
-  kern<<<grid, kThreads, 0, stream>>>(x, M, K, scale, e5m2, q, qt, scale_inv, amax_out, amax_fold);
+  pdl::launch(kern, grid, kThreads, 0, stream, x, M, K, scale, e5m2, q, qt, scale_inv, amax_out,
+              amax_fold);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -545,8 +552,8 @@ void fp8_block(const T* x, int64_t M, int64_t K, bool two_d, bool e5m2, float fm
                       reinterpret_cast<uintptr_t>(qt) % 16 == 0;
     if (full && !legacy_kernels()) {
       auto kern = two_d ? fp8_block_v9_kernel<true> : fp8_block_v9_kernel<false>;
-      kern<<<grid, kThreads, 0, stream>>>(x, M, K, e5m2, fmax, pow2, eps, value_for_inf, q, q_scale,
-                                          qt, qt_scale, amax_out);
+      pdl::launch(kern, grid, kThreads, 0, stream, x, M, K, e5m2, fmax, pow2, eps, value_for_inf, q,
+                  q_scale, qt, qt_scale, amax_out);
       LOWBIT_CUDA_CHECK_LAUNCH();
       return;
     }
@@ -556,14 +563,14 @@ void fp8_block(const T* x, int64_t M, int64_t K, bool two_d, bool e5m2, float fm
     auto kern = fp8_block_kernel<T, true>;
     LOWBIT_CUDA_CHECK(
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    kern<<<grid, kThreads, smem, stream>>>(x, M, K, e5m2, fmax, pow2, eps, value_for_inf, q,
-                                           q_scale, qt, qt_scale, amax_out);
+    pdl::launch(kern, grid, kThreads, smem, stream, x, M, K, e5m2, fmax, pow2, eps, value_for_inf,
+                q, q_scale, qt, qt_scale, amax_out);
   } else {
     auto kern = fp8_block_kernel<T, false>;
     LOWBIT_CUDA_CHECK(
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    kern<<<grid, kThreads, smem, stream>>>(x, M, K, e5m2, fmax, pow2, eps, value_for_inf, q,
-                                           q_scale, qt, qt_scale, amax_out);
+    pdl::launch(kern, grid, kThreads, smem, stream, x, M, K, e5m2, fmax, pow2, eps, value_for_inf,
+                q, q_scale, qt, qt_scale, amax_out);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
@@ -587,6 +594,7 @@ namespace {
 // y [n] = RN_bf16(x [n]), the convert kernel's rounding (for the modes that read bf16 only).
 __global__ void round_to_bf16_kernel(const float* __restrict__ x, int64_t n,
                                      uint16_t* __restrict__ y) {
+  pdl::grid_sync();
   for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * kThreads)
     y[i] = f32_to_bf16_rn(x[i]);
@@ -595,7 +603,7 @@ __global__ void round_to_bf16_kernel(const float* __restrict__ x, int64_t n,
 
 void round_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {
   if (n == 0) return;
-  round_to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, y);
+  pdl::launch(round_to_bf16_kernel, grid_for(n), kThreads, 0, stream, x, n, y);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -29,15 +29,17 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   // The first micro-batch's wgrad GEMMs write the linears' gradients outright (beta 0): only
   // the others (embedding, norms) are zeroed here.
   model_.zero_grads(/*except_overwritten=*/!micro.empty());
-  double loss_sum = 0;
+  // The per-token losses stay on the device until the one wait at the end of the step.
+  std::vector<StepStats> stats;
+  stats.reserve(micro.size());
   for (size_t i = 0; i < micro.size(); ++i) {
     const NvtxRange mb_range("micro-batch forward+backward");
     ForwardOptions o = fwd;
     o.overwrite_linear_grads = i == 0;
+    o.defer_loss_read = true;
     const MicroBatch& m = micro[i];
-    loss_sum += model_.forward_backward(m.tokens, m.targets, B, T, grad_scale, o).loss_sum;
+    stats.push_back(model_.forward_backward(m.tokens, m.targets, B, T, grad_scale, o));
   }
-  out.loss = loss_sum / double(std::max<int64_t>(out.valid, 1));
   const std::vector<ParamSegment>& segs = arena.segments();
   const NvtxRange opt_range("clip + AdamW + scaling update");
   segment_sumsq(ctx_, sumsq_, arena.grad_all, segs);
@@ -50,7 +52,22 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   if (DelayedScalingState* s = model_.fp8_backward_state()) s->update(&ctx_);
   float norm = 0;
   int32_t skip = 0;
-  ctx_.read_back({{norm_.view(), &norm}, {skip_.view(), &skip}});
+  std::vector<Context::HostCopy> reads = {{norm_.view(), &norm}, {skip_.view(), &skip}};
+  std::vector<std::vector<float>> losses(stats.size());
+  std::vector<std::vector<int32_t>> targets(stats.size());
+  for (size_t i = 0; i < stats.size(); ++i) {
+    losses[i].resize(static_cast<size_t>(stats[i].losses.numel()));
+    targets[i].resize(static_cast<size_t>(stats[i].targets.numel()));
+    reads.push_back({stats[i].losses.view(), losses[i].data()});
+    reads.push_back({stats[i].targets.view(), targets[i].data()});
+  }
+  ctx_.read_back(reads);
+  double loss_sum = 0;
+  for (size_t i = 0; i < stats.size(); ++i) {
+    stats[i].add_losses(losses[i].data(), targets[i].data(), stats[i].losses.numel());
+    loss_sum += stats[i].loss_sum;
+  }
+  out.loss = loss_sum / double(std::max<int64_t>(out.valid, 1));
   out.grad_norm = norm;
   out.skipped = skip != 0 || !std::isfinite(out.loss);
   if (out.skipped) {

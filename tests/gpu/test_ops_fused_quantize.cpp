@@ -325,6 +325,50 @@ void check_rope_bwd(int64_t b, int64_t t, int64_t nh, int64_t dh, int64_t n_rot,
   check_quantized(q_f, q_u, d_u, delayed, cp, st);
 }
 
+// attention_bwd_quantize_out (the projection's wgrad input, E4M3): q, k, v, dout from `src`
+// (out and lse from attention_fwd), against attention_bwd followed by quantize(out) on the GPU:
+// dq, dk, dv byte for byte (delta comes from the same arithmetic), the codes, the history.
+void check_attention_bwd_out(int64_t b, int64_t t, int64_t h, int64_t hkv, int64_t dh, Src src,
+                             Copies cp, bool delayed) {
+  SCOPED_TRACE(fmt::format("attention_bwd_quantize_out {}x{}x{}/{}x{} {} {} {}", b, t, h, hkv, dh,
+                           src_name(src), cp.name, delayed ? "delayed" : "current"));
+  Context ctx(kGpu);
+  const int64_t n = b * t, w = h * dh, wkv = hkv * dh;
+  const float scale = 1.0f / std::sqrt(float(dh));
+  const Shape sq{b, t, h, dh}, skv{b, t, hkv, dh};
+  const Tensor q = Tensor::copy_of(source(n, w, Src::kGaussian, 1.0, 11), kGpu);
+  const Tensor k = Tensor::copy_of(source(n, wkv, Src::kGaussian, 1.0, 12), kGpu);
+  const Tensor v = Tensor::copy_of(source(n, wkv, src, 1.0, 13), kGpu);
+  const Tensor dout = Tensor::copy_of(source(n, w, src, 1.0, 14), kGpu);
+  Tensor out = Tensor::empty({n, w}, DType::kBF16, kGpu);
+  Tensor lse = Tensor::empty({b, h, t}, DType::kF32, kGpu);
+  attention_fwd(ctx, out.view().reshape(sq), lse, q.view().reshape(sq), k.view().reshape(skv),
+                v.view().reshape(skv), scale);
+  States st(ScalingPass::kForward, 0.75f);
+  auto grads = [&] {
+    std::vector<Tensor> g;
+    g.push_back(Tensor::zeros({n, w}, DType::kBF16, kGpu));
+    g.push_back(Tensor::zeros({n, wkv}, DType::kBF16, kGpu));
+    g.push_back(Tensor::zeros({n, wkv}, DType::kBF16, kGpu));
+    return g;
+  };
+  std::vector<Tensor> g_f = grads(), g_u = grads();
+  QuantizedTensor q_f, q_u;
+  attention_bwd_quantize_out(
+      ctx, g_f[0].view().reshape(sq), g_f[1].view().reshape(skv), g_f[2].view().reshape(skv),
+      dout.view().reshape(sq), q.view().reshape(sq), k.view().reshape(skv), v.view().reshape(skv),
+      out.view().reshape(sq), lse, scale, make_cfg(delayed, st.fused, cp), q_f);
+  attention_bwd(ctx, g_u[0].view().reshape(sq), g_u[1].view().reshape(skv),
+                g_u[2].view().reshape(skv), dout.view().reshape(sq), q.view().reshape(sq),
+                k.view().reshape(skv), v.view().reshape(skv), out.view().reshape(sq), lse, scale);
+  quantize(ctx, out, make_cfg(delayed, st.unfused, cp), q_u);
+  ctx.synchronize();
+  EXPECT_TRUE(same_bytes("dq", g_u[0], g_f[0]));
+  EXPECT_TRUE(same_bytes("dk", g_u[1], g_f[1]));
+  EXPECT_TRUE(same_bytes("dv", g_u[2], g_f[2]));
+  check_quantized(q_f, q_u, out, delayed, cp, st);
+}
+
 struct Shape2 {
   int64_t n, d;
 };
@@ -416,6 +460,30 @@ TEST(GpuFusedQuantize, RopeBackwardModelShapes) {
   // 1b (H 32, Hkv 8, Dh 64) and 8b-like (H 32, Hkv 8, Dh 128) qkv gradients, 8 × 2048 tokens.
   check_rope_bwd(8, 2048, 48, 64, 40, Src::kGaussian, kCopies[2], true, 2);
   check_rope_bwd(4, 2048, 48, 128, 40, Src::kGaussian, kCopies[2], true, 1);
+}
+
+TEST(GpuFusedQuantize, AttentionBackwardOutSmallShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  struct Heads {
+    int64_t b, t, h, hkv, dh;
+  };
+  // T % 32 == 0 (the fused pass) for Dh 64 and 128 and GQA groups 1–4; T = 40 (the composition).
+  const Heads kHeads[] = {
+      {1, 32, 2, 1, 64}, {2, 64, 4, 1, 128}, {3, 96, 6, 2, 64}, {2, 40, 2, 2, 64}};
+  for (const Heads& hs : kHeads) {
+    for (Src src : {Src::kGaussian, Src::kZeros, Src::kLarge, Src::kSpecials}) {
+      for (const Copies& cp : kCopies)
+        check_attention_bwd_out(hs.b, hs.t, hs.h, hs.hkv, hs.dh, src, cp, true);
+    }
+    check_attention_bwd_out(hs.b, hs.t, hs.h, hs.hkv, hs.dh, Src::kGaussian, kCopies[1], false);
+  }
+}
+
+TEST(GpuFusedQuantize, AttentionBackwardOutModelShapes) {
+  ASSERT_GT(cuda_device_count(), 0);
+  // 1b (H 32, Hkv 8, Dh 64, 8 × 2048 tokens) and an 8b-like Dh 128 shape.
+  check_attention_bwd_out(8, 2048, 32, 8, 64, Src::kGaussian, kCopies[1], true);
+  check_attention_bwd_out(2, 2048, 32, 8, 128, Src::kGaussian, kCopies[2], true);
 }
 
 TEST(GpuFusedQuantize, SwigluSmallShapes) {

@@ -325,6 +325,55 @@ TEST(FusedQuantize, RopeBackwardIsTheComposition) {
   }
 }
 
+// attention_bwd_quantize_out: attention_bwd's gradients, and the forward's output quantized as
+// the projection's wgrad input, exactly as attention_bwd followed by quantize().
+TEST(FusedQuantize, AttentionBackwardQuantizeOutIsTheComposition) {
+  Context ctx(Device::cpu());
+  const Device cpu = Device::cpu();
+  struct Heads {
+    int64_t b, t, h, hkv, dh;
+  };
+  const Heads kHeads[] = {{1, 5, 2, 1, 64}, {2, 32, 4, 2, 64}, {1, 16, 2, 2, 128}};
+  for (const Heads& hs : kHeads) {
+    const int64_t n = hs.b * hs.t, w = hs.h * hs.dh, wkv = hs.hkv * hs.dh;
+    const float scale = 1.0f / std::sqrt(float(hs.dh));
+    const Shape sq{hs.b, hs.t, hs.h, hs.dh}, skv{hs.b, hs.t, hs.hkv, hs.dh};
+    const Tensor q = source(n, w, 1.0, 51, false), k = source(n, wkv, 1.0, 52, false);
+    const Tensor v = source(n, wkv, 1.0, 53, false), dout = source(n, w, 1.0, 54, false);
+    Tensor out = Tensor::empty({n, w}, DType::kBF16, cpu);
+    Tensor lse = Tensor::empty({hs.b, hs.h, hs.t}, DType::kF32, cpu);
+    attention_fwd(ctx, out.view().reshape(sq), lse, q.view().reshape(sq), k.view().reshape(skv),
+                  v.view().reshape(skv), scale);
+    for (const Recipe& rc : recipes()) {
+      if (n % rc.align != 0 || w % rc.align != 0) continue;
+      SCOPED_TRACE(fmt::format("{}x{}x{}/{}x{} {}", hs.b, hs.t, hs.h, hs.hkv, hs.dh, rc.name));
+      DelayedScalingState s_ref = make_state(rc.pass), s_op = make_state(rc.pass);
+      Tensor dq_ref = Tensor::empty({n, w}, DType::kBF16, cpu);
+      Tensor dk_ref = Tensor::empty({n, wkv}, DType::kBF16, cpu);
+      Tensor dv_ref = Tensor::empty({n, wkv}, DType::kBF16, cpu);
+      attention_bwd(ctx, dq_ref.view().reshape(sq), dk_ref.view().reshape(skv),
+                    dv_ref.view().reshape(skv), dout.view().reshape(sq), q.view().reshape(sq),
+                    k.view().reshape(skv), v.view().reshape(skv), out.view().reshape(sq), lse,
+                    scale);
+      QuantizedTensor q_ref;
+      quantize(ctx, out, rc.make(&s_ref), q_ref);
+      Tensor dq = Tensor::empty({n, w}, DType::kBF16, cpu);
+      Tensor dk = Tensor::empty({n, wkv}, DType::kBF16, cpu);
+      Tensor dv = Tensor::empty({n, wkv}, DType::kBF16, cpu);
+      QuantizedTensor q_op;
+      attention_bwd_quantize_out(ctx, dq.view().reshape(sq), dk.view().reshape(skv),
+                                 dv.view().reshape(skv), dout.view().reshape(sq),
+                                 q.view().reshape(sq), k.view().reshape(skv), v.view().reshape(skv),
+                                 out.view().reshape(sq), lse, scale, rc.make(&s_op), q_op);
+      EXPECT_TRUE(same_quantized(q_ref, q_op));
+      EXPECT_TRUE(same_bytes("dq", dq_ref, dq));
+      EXPECT_TRUE(same_bytes("dk", dk_ref, dk));
+      EXPECT_TRUE(same_bytes("dv", dv_ref, dv));
+      if (rc.delayed) EXPECT_TRUE(same_bytes("history", s_ref.amax_history(), s_op.amax_history()));
+    }
+  }
+}
+
 TEST(FusedQuantize, BadArgumentsAreUserErrors) {
   Context ctx(Device::cpu());
   const Device cpu = Device::cpu();
@@ -402,6 +451,28 @@ TEST(FusedQuantize, BadArgumentsAreUserErrors) {
         rmsnorm_bwd_quantize(ctx, dx, dw, y, x, w, rstd, dx, NAN, nullptr, nullptr, &cfg, &q2);
       },
       {"eps"}));
+
+  // attention_bwd_quantize_out: attention_bwd's checks, and a contiguous out.
+  {
+    const Shape sq{1, 4, 2, 64}, skv{1, 4, 1, 64};
+    Tensor aq = Tensor::zeros(sq, DType::kBF16, cpu), akv = Tensor::zeros(skv, DType::kBF16, cpu);
+    Tensor alse = Tensor::zeros({1, 2, 4}, DType::kF32, cpu);
+    Tensor wide = Tensor::zeros({1, 4, 4, 64}, DType::kBF16, cpu);  // heads 0-1 of it: strided
+    const TensorView out_strided(wide.data(), DType::kBF16, sq, wide.view().strides, cpu);
+    EXPECT_TRUE(throws_user_error(
+        [&] {
+          attention_bwd_quantize_out(ctx, aq, akv, akv, aq, aq, akv, akv, out_strided, alse, 0.125f,
+                                     cfg, q);
+        },
+        {"attention_bwd_quantize_out", "out must be contiguous"}));
+    Tensor alse_bad = Tensor::zeros({1, 2, 3}, DType::kF32, cpu);
+    EXPECT_TRUE(throws_user_error(
+        [&] {
+          attention_bwd_quantize_out(ctx, aq, akv, akv, aq, aq, akv, akv, aq, alse_bad, 0.125f, cfg,
+                                     q);
+        },
+        {"attention_bwd_quantize_out", "lse must be [1, 2, 4]"}));
+  }
 
   // rope_bwd_quantize: heads, table, views.
   Tensor d4 = Tensor::zeros({1, 4, 3, 16}, DType::kBF16, cpu);

@@ -1,0 +1,57 @@
+// Programmatic dependent launch (sm_90+): a kernel launched with pdl::launch may be scheduled
+// while the kernel before it in the stream is still finishing, so its blocks are resident and
+// past their launch overhead when that kernel's last block exits (the ~2–3 µs between dependent
+// kernels otherwise). Every kernel launched this way must start with pdl::grid_sync(), which
+// waits for the previous kernel to complete and its writes to be visible before anything else
+// is read or written; without the launch attribute (LOWBIT_PDL=0, or a plain <<<>>> launch) the
+// wait is a no-op and the stream orders the kernels as usual.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "lowbit/core/cuda_check.h"
+
+namespace lowbit::pdl {
+
+// The first statement of a kernel launched through launch(): wait for the preceding kernel (its
+// memory operations complete and visible), then let the next kernel be scheduled as this one's
+// blocks retire.
+__device__ __forceinline__ void grid_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launch() asks for the overlap: on unless the environment sets LOWBIT_PDL=0 (for A/B
+// timing in one binary).
+inline bool enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("LOWBIT_PDL");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), allowed to overlap the previous kernel's tail.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = enabled() ? 1 : 0;
+  LOWBIT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace lowbit::pdl
