@@ -1698,7 +1698,7 @@ bool attention_bwd_quantize_out_cuda(Context& ctx, const TensorView& dq, const T
                                      const TensorView& out, const TensorView& lse, float scale,
                                      const QuantConfig& cfg, QuantizedTensor& out_q) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dh = q.size(3);
-  if (T % 32 != 0 || (dh != 64 && dh != 64 * 2) || !out.is_contiguous()) return false;
+  if (T % 32 != 0 || (dh != 64 && dh != 128) || !out.is_contiguous()) return false;
   const ops_detail::Fp8Epilogue ep =
       ops_detail::fp8_epilogue_outputs(ctx, cfg, B * T, H * dh, out_q);
   attention_bwd_run(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale, nullptr, &ep);
