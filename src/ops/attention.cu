@@ -200,6 +200,43 @@ __device__ __forceinline__ void load_tile(uint32_t base, const uint16_t* g, int6
   }
 }
 
+// load_tile for a tile streamed in a loop: each thread's chunks are fixed (chunk i: row r0 +
+// kRowsPerPass·i, 16-byte column c), so their shared offsets and source row offsets are computed
+// once and a copy costs one 64-bit add, one compare and the cp.async per chunk.
+template <int kRows, int kDh, int kThreads>
+struct TileCopy {
+  static constexpr int kChunksPerRow = kDh / 8;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kPasses = kRows / kRowsPerPass;
+  // Row r0 + kRowsPerPass·i has the swizzle phase of row r0, so one shared offset serves all.
+  static_assert(kThreads % kChunksPerRow == 0 && kRowsPerPass % 8 == 0 &&
+                    kRows % kRowsPerPass == 0,
+                "TileCopy: whole rows per pass, a multiple of 8 rows");
+  int r0;
+  int64_t src0;      // elements from a tile's first row to this thread's first chunk
+  int64_t src_pass;  // elements between its chunks (kRowsPerPass rows)
+  uint32_t dst0;     // bytes from the tile base to its first chunk
+
+  __device__ __forceinline__ TileCopy(int tid, int64_t row_stride) {
+    r0 = tid / kChunksPerRow;
+    const int c = tid % kChunksPerRow;
+    src0 = r0 * row_stride + 8 * c;
+    src_pass = kRowsPerPass * row_stride;
+    dst0 = tile_addr<kDh>(0, r0, 8 * c);
+  }
+
+  // Starts the copy of the tile whose row 0 is at g into `base`; rows ≥ valid_rows zero-filled.
+  __device__ __forceinline__ void start(uint32_t base, const uint16_t* g, int valid_rows) const {
+    const uint16_t* src = g + src0;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const bool valid = r0 + i * kRowsPerPass < valid_rows;
+      cp_async_16(base + dst0 + i * (kRowsPerPass * kDh * 2), valid ? src : g, valid);
+      src += src_pass;
+    }
+  }
+};
+
 // Starts the copy of kRows floats g[0..kRows) (entries ≥ valid zero-filled).
 template <int kRows>
 __device__ __forceinline__ void load_vec(uint32_t base, const float* g, int valid, int tid) {
@@ -478,7 +515,9 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
   const uint16_t *kg = qtile.kg, *vg = qtile.vg;
   load_tile<kB, kDh, kThreads>(sQ, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, p.q_st, T - q0,
                                tid);
-  load_kv_tile<kB, kDh, kThreads>(p, sK, sV, 0, kg, vg, 0, tid);
+  const TileCopy<kB, kDh, kThreads> k_copy(tid, p.k_st), v_copy(tid, p.v_st);
+  k_copy.start(sK, kg, T);
+  v_copy.start(sV, vg, T);
   cp_async_commit();
 
   const int r_lo = q0 + warp * 16 + (lane >> 2);  // rows r_lo and r_lo + 8
@@ -491,7 +530,9 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
   for (int j = 0; j < n_kt; ++j) {
     const int stage = j & 1;
     if (j + 1 < n_kt) {
-      load_kv_tile<kB, kDh, kThreads>(p, sK, sV, stage ^ 1, kg, vg, j + 1, tid);
+      const int k1 = (j + 1) * kB;
+      k_copy.start(sK + (stage ^ 1) * kTile, kg + k1 * p.k_st, T - k1);
+      v_copy.start(sV + (stage ^ 1) * kTile, vg + k1 * p.v_st, T - k1);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -899,6 +940,33 @@ __global__ void __launch_bounds__(kWarps * 32) attn_bwd_dkv_kernel(const BwdPara
   }
 }
 
+// The elementwise part of the wgmma dK/dV pass on one [64 keys, 64 queries] tile, in place:
+// Pᵀ = 2^(scale_log2·s − lse2) into st and dSᵀ = Pᵀ ∘ (dPᵀ − delta) into dpt (lrow, drow: the
+// tile's lse2 and delta). kMask: zero the queries before the key and the zero-filled ones ≥ T
+// (keys ≥ T are after every valid query).
+template <bool kMask>
+__device__ __forceinline__ void dkv_probs_and_grads(float (&st)[32], float (&dpt)[32],
+                                                    const float* lrow, const float* drow, int q0,
+                                                    int key_lo, int c2, int T, float scale_log2) {
+#pragma unroll
+  for (int jb = 0; jb < 8; ++jb) {
+    const float2 lq = *reinterpret_cast<const float2*>(lrow + jb * 8 + c2);
+    const float2 dd = *reinterpret_cast<const float2*>(drow + jb * 8 + c2);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 4 * jb + e;
+      float pv = fast_exp2(fmaf(st[i], scale_log2, -((e & 1) ? lq.y : lq.x)));
+      if (kMask) {
+        const int qq = q0 + jb * 8 + c2 + (e & 1);
+        const int key = key_lo + ((e >> 1) << 3);
+        if (qq < key || qq >= T) pv = 0.0f;
+      }
+      st[i] = pv;
+      dpt[i] = pv * (dpt[i] - ((e & 1) ? dd.y : dd.x));
+    }
+  }
+}
+
 // The dK/dV pass on warpgroup MMAs (Dh 64): one warpgroup owns 64 keys (warp w: keys 16w..)
 // and streams 64-query tiles of every query head of its group, as attn_bwd_dkv_kernel<64, 4,
 // 64, 1> does. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ read K, V, Q and dO straight from the swizzled shared
@@ -929,14 +997,12 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
                                tid);
   load_tile<kB, kDh, kThreads>(sV, p.v + b * p.v_sb + hkv * p.v_sh + k0 * p.v_st, p.v_st, T - k0,
                                tid);
+  const TileCopy<kB, kDh, kThreads> q_copy(tid, p.q_st), do_copy(tid, p.do_st);
   auto issue = [&](int it, int stage) {
     const int h = hkv * p.group + it / nq;
     const int q0 = (qi0 + it % nq) * kB;
-    load_tile<kB, kDh, kThreads>(sQ + stage * kTile, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st,
-                                 p.q_st, T - q0, tid);
-    load_tile<kB, kDh, kThreads>(sdO + stage * kTile,
-                                 p.dout + b * p.do_sb + h * p.do_sh + q0 * p.do_st, p.do_st, T - q0,
-                                 tid);
+    q_copy.start(sQ + stage * kTile, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, T - q0);
+    do_copy.start(sdO + stage * kTile, p.dout + b * p.do_sb + h * p.do_sh + q0 * p.do_st, T - q0);
     const int64_t row0 = (static_cast<int64_t>(b) * p.H + h) * T + q0;
     load_vec<kB>(sL + stage * kB * 4, p.lse2 + row0, T - q0, tid);
     load_vec<kB>(sD + stage * kB * 4, p.delta + row0, T - q0, tid);
@@ -968,23 +1034,11 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
     wgmma::issue_kmajor_64(dpt, sV, sdOs, /*overwrite=*/true);
     wgmma::commit();
     wgmma::wait<0>();
-    // Pᵀ = 2^(scale_log2·s − lse2), dSᵀ = Pᵀ ∘ (dPᵀ − delta); masked: queries before the key
-    // and the zero-filled queries ≥ T (keys ≥ T are after every valid query).
-    const bool need_mask = q0 < k0 + kB - 1 || q0 + kB > T;
-#pragma unroll
-    for (int jb = 0; jb < 8; ++jb) {
-      const float2 lq = *reinterpret_cast<const float2*>(lrow + jb * 8 + c2);
-      const float2 dd = *reinterpret_cast<const float2*>(drow + jb * 8 + c2);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 4 * jb + e;
-        const int qq = q0 + jb * 8 + c2 + (e & 1);
-        const int key = key_lo + ((e >> 1) << 3);
-        float pv = fast_exp2(fmaf(st[i], p.scale_log2, -((e & 1) ? lq.y : lq.x)));
-        if (need_mask && (qq < key || qq >= T)) pv = 0.0f;
-        st[i] = pv;
-        dpt[i] = pv * (dpt[i] - ((e & 1) ? dd.y : dd.x));
-      }
+    // Only tiles that reach the diagonal or T need the mask (a separate unrolled body).
+    if (q0 < k0 + kB - 1 || q0 + kB > T) {
+      dkv_probs_and_grads<true>(st, dpt, lrow, drow, q0, key_lo, c2, T, p.scale_log2);
+    } else {
+      dkv_probs_and_grads<false>(st, dpt, lrow, drow, q0, key_lo, c2, T, p.scale_log2);
     }
     // dV += Pᵀ·dO and dK += dSᵀ·Q over the tile's queries (Pᵀ, dSᵀ rounded to bf16).
     uint32_t pa[4][4], da[4][4];
@@ -1004,6 +1058,22 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
     if (key >= T) continue;
     store_acc_row_bf16(p.dk + b * p.dk_sb + key * p.dk_st + hkv * p.dk_sh + c2, dk, r, p.scale);
     store_acc_row_bf16(p.dv + b * p.dv_sb + key * p.dv_st + hkv * p.dv_sh + c2, dv, r, 1.0f);
+  }
+}
+
+// The elementwise part of the wgmma dQ pass on one [64 queries, 64 keys] tile, in place:
+// dS = P ∘ (dP − delta) into sv, P = 2^(scale_log2·s − lse2) (lq, dlt: lse2 and delta of the
+// thread's rows r_lo, r_lo + 8). kMask: zero the keys after the query.
+template <bool kMask>
+__device__ __forceinline__ void dq_score_grads(float (&sv)[32], const float (&dpv)[32],
+                                               const float (&lq)[2], const float (&dlt)[2], int k0,
+                                               int r_lo, int c2, float scale_log2) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int r = (i >> 1) & 1;
+    float pv = fast_exp2(fmaf(sv[i], scale_log2, -lq[r]));
+    if (kMask && k0 + 8 * (i >> 2) + c2 + (i & 1) > r_lo + 8 * r) pv = 0.0f;
+    sv[i] = pv * (dpv[i] - dlt[r]);
   }
 }
 
@@ -1027,7 +1097,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
                                tid);
   load_tile<kB, kDh, kThreads>(sdO, p.dout + b * p.do_sb + h * p.do_sh + q0 * p.do_st, p.do_st,
                                T - q0, tid);
-  load_kv_tile<kB, kDh, kThreads>(p, sK, sV, 0, kg, vg, 0, tid);
+  const TileCopy<kB, kDh, kThreads> k_copy(tid, p.k_st), v_copy(tid, p.v_st);
+  k_copy.start(sK, kg, T);
+  v_copy.start(sV, vg, T);
   cp_async_commit();
 
   const int r_lo = q0 + warp * 16 + (lane >> 2);  // rows r_lo and r_lo + 8
@@ -1043,7 +1115,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
   for (int j = 0; j < n_kt; ++j) {
     const int stage = j & 1;
     if (j + 1 < n_kt) {
-      load_kv_tile<kB, kDh, kThreads>(p, sK, sV, stage ^ 1, kg, vg, j + 1, tid);
+      const int k1 = (j + 1) * kB;
+      k_copy.start(sK + (stage ^ 1) * kTile, kg + k1 * p.k_st, T - k1);
+      v_copy.start(sV + (stage ^ 1) * kTile, vg + k1 * p.v_st, T - k1);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -1056,16 +1130,12 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
     wgmma::issue_kmajor_64(dpv, sdO, sVs, /*overwrite=*/true);
     wgmma::commit();
     wgmma::wait<0>();
+    // Only the tile on the diagonal needs the mask (a separate unrolled body).
     const int k0 = j * kB;
-    const bool need_mask = k0 + kB - 1 > q0;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int r = (i >> 1) & 1;
-      const int key = k0 + 8 * (i >> 2) + c2 + (i & 1);
-      const int row = r_lo + 8 * r;
-      float pv = fast_exp2(fmaf(sv[i], p.scale_log2, -lq[r]));
-      if (need_mask && key > row) pv = 0.0f;
-      sv[i] = pv * (dpv[i] - dlt[r]);  // dS
+    if (k0 + kB - 1 > q0) {
+      dq_score_grads<true>(sv, dpv, lq, dlt, k0, r_lo, c2, p.scale_log2);
+    } else {
+      dq_score_grads<false>(sv, dpv, lq, dlt, k0, r_lo, c2, p.scale_log2);
     }
     // dQ += dS·K (dS rounded to bf16).
     uint32_t da[4][4];
