@@ -209,8 +209,7 @@ struct TileCopy {
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
   static constexpr int kPasses = kRows / kRowsPerPass;
   // Row r0 + kRowsPerPass·i has the swizzle phase of row r0, so one shared offset serves all.
-  static_assert(kThreads % kChunksPerRow == 0 && kRowsPerPass % 8 == 0 &&
-                    kRows % kRowsPerPass == 0,
+  static_assert(kThreads % kChunksPerRow == 0 && kRowsPerPass % 8 == 0 && kRows % kRowsPerPass == 0,
                 "TileCopy: whole rows per pass, a multiple of 8 rows");
   int r0;
   int64_t src0;      // elements from a tile's first row to this thread's first chunk
