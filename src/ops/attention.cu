@@ -1,9 +1,10 @@
 // Causal grouped-query attention on the GPU: FlashAttention-2 style kernels (bf16 tensor-core
 // MMA, fp32 accumulation, online softmax, no T×T matrix in memory) for sm_90a.
 //
-// Kernels (one (batch, head) pair and one tile of rows per block, 16 rows per warp; for Dh 64
+// Kernels (one (batch, head) pair and one tile of rows per block, 16 rows per warp; by default
 // the forward and both backward passes run attn_fwd_wgmma_kernel, attn_bwd_dkv_wgmma_kernel and
-// attn_bwd_dq_wgmma_kernel, warpgroup-MMA versions of the kernels below with 64-row tiles):
+// attn_bwd_dq_wgmma_kernel, warpgroup-MMA versions of the kernels below with 64-row tiles, for
+// Dh 64 and 128; the mma.sync kernels remain as tile variants):
 //  * attn_fwd_kernel       a tile of 16·W queries; streams key/value tiles of Bc keys up to the
 //                          diagonal: S = Q·Kᵀ, online softmax, O += P·V; writes out and lse.
 //  * attn_bwd_prep_kernel  D = rowsum(dO ∘ O) and lse·log2(e) per query, into the workspace.
@@ -200,9 +201,19 @@ __device__ __forceinline__ void load_tile(uint32_t base, const uint16_t* g, int6
   }
 }
 
-// load_tile for a tile streamed in a loop: each thread's chunks are fixed (chunk i: row r0 +
-// kRowsPerPass·i, 16-byte column c), so their shared offsets and source row offsets are computed
-// once and a copy costs one 64-bit add, one compare and the cp.async per chunk.
+// The tile layout of the wgmma kernels: a [kRows, kDh] bf16 tile stored as kDh / 64 panels of
+// [kRows, 64] one after another (panel c / 64 holds columns c .. c + 63), each panel in the 128B
+// swizzle (rows of 128 bytes, 16-byte chunk j of row r at chunk position j ^ (r & 7)): the
+// layout a wgmma descriptor describes. For Dh 64 it is tile_addr<64>'s.
+template <int kRows>
+__device__ __forceinline__ uint32_t panel_addr(uint32_t base, int row, int col) {
+  return base + (col >> 6) * (kRows * 128) + row * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4);
+}
+
+// Copies [kRows, kDh] tiles global → shared in the panel layout (cp.async, 16 bytes per chunk).
+// Each thread's chunks are fixed (chunk i: row r0 + kRowsPerPass·i, 16-byte column c), so their
+// shared and source offsets are computed once and a copy costs one 64-bit add, one compare and
+// the cp.async per chunk.
 template <int kRows, int kDh, int kThreads>
 struct TileCopy {
   static constexpr int kChunksPerRow = kDh / 8;
@@ -221,7 +232,7 @@ struct TileCopy {
     const int c = tid % kChunksPerRow;
     src0 = r0 * row_stride + 8 * c;
     src_pass = kRowsPerPass * row_stride;
-    dst0 = tile_addr<kDh>(0, r0, 8 * c);
+    dst0 = panel_addr<kRows>(0, r0, 8 * c);
   }
 
   // Starts the copy of the tile whose row 0 is at g into `base`; rows ≥ valid_rows zero-filled.
@@ -230,7 +241,7 @@ struct TileCopy {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const bool valid = r0 + i * kRowsPerPass < valid_rows;
-      cp_async_16(base + dst0 + i * (kRowsPerPass * kDh * 2), valid ? src : g, valid);
+      cp_async_16(base + dst0 + i * (kRowsPerPass * 128), valid ? src : g, valid);
       src += src_pass;
     }
   }
@@ -493,17 +504,19 @@ __global__ void __launch_bounds__(kWarps * 32) attn_fwd_kernel(const FwdParams p
   }
 }
 
-// The forward on warpgroup MMAs (Dh 64): one warpgroup per block owns 64 queries and streams
-// 64-key tiles. S = Q·Kᵀ reads Q and K straight from the swizzled shared tiles (no ldmatrix);
+// The forward on warpgroup MMAs (Dh 64 and 128): one warpgroup per block owns 64 queries and
+// streams 64-key tiles. S = Q·Kᵀ reads Q and K straight from the swizzled shared tiles (no
+// ldmatrix; Dh 128 sums the products of the two 64-column panels);
 // the online softmax runs on the accumulator as in attn_fwd_kernel (warp w holds rows 16w..,
 // the same fragment layout), and O += P·V takes P from registers (packed to bf16 as the
 // mma.sync kernel packs it) and V as an N-major shared operand. Same arithmetic per element as
 // attn_fwd_kernel; only the order of the fp32 sums inside each product may differ.
-// Shared: Q [64, 64] | K [2][64, 64] | V [2][64, 64] bf16, 128B swizzle, 1024-byte aligned.
+// Shared: Q [64, Dh] | K [2][64, Dh] | V [2][64, Dh] bf16 in the panel layout, 1024-byte aligned.
+template <int kDh>
 __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) {
   pdl::grid_sync();
-  constexpr int kDh = 64, kB = 64, kThreads = 128;
-  constexpr int kTile = kB * kDh * 2;  // 8 KB
+  constexpr int kB = 64, kThreads = 128, kPanels = kDh / 64;
+  constexpr int kTile = kB * kDh * 2, kPanel = kB * 128;  // bytes
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
   const uint32_t sQ = base, sK = base + kTile, sV = base + 3 * kTile;
@@ -512,8 +525,8 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
   const QueryTile qtile = query_tile<kB, kB>(p);
   const int bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, n_kt = qtile.n_kt, T = p.T;
   const uint16_t *kg = qtile.kg, *vg = qtile.vg;
-  load_tile<kB, kDh, kThreads>(sQ, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, p.q_st, T - q0,
-                               tid);
+  TileCopy<kB, kDh, kThreads>(tid, p.q_st)
+      .start(sQ, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, T - q0);
   const TileCopy<kB, kDh, kThreads> k_copy(tid, p.k_st), v_copy(tid, p.v_st);
   k_copy.start(sK, kg, T);
   v_copy.start(sV, vg, T);
@@ -521,9 +534,14 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
 
   const int r_lo = q0 + warp * 16 + (lane >> 2);  // rows r_lo and r_lo + 8
   const int c2 = 2 * (lane & 3);
-  float o[32];  // O [64, 64]: columns 8j + c2 (+1) of rows r_lo (o[4j], o[4j+1]) and r_lo + 8
+  // O [64, Dh], panel pn: columns 64pn + 8j + c2 (+1) of rows r_lo (o[pn][4j], o[pn][4j+1]) and
+  // r_lo + 8 (o[pn][4j+2], o[pn][4j+3]).
+  float o[kPanels][32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+  for (int pn = 0; pn < kPanels; ++pn) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[pn][i] = 0.0f;
+  }
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   for (int j = 0; j < n_kt; ++j) {
@@ -540,7 +558,10 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
     const uint32_t sKs = sK + stage * kTile, sVs = sV + stage * kTile;
     float s[32];
     wgmma::fence();
-    wgmma::issue_kmajor_64(s, sQ, sKs, /*overwrite=*/true);
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      wgmma::issue_kmajor_64(s, sQ + pn * kPanel, sKs + pn * kPanel, /*overwrite=*/pn == 0);
+    }
     wgmma::commit();
     wgmma::wait<0>();
     const int k0 = j * kB;
@@ -575,12 +596,16 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
     l[0] = l[0] * alpha[0] + rs[0];
     l[1] = l[1] * alpha[1] + rs[1];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
+    for (int pn = 0; pn < kPanels; ++pn) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[pn][i] *= alpha[(i >> 1) & 1];
+    }
     // O += P·V, P rounded to bf16 (the sum l keeps the fp32 values).
     uint32_t pa[4][4];
     acc_to_a_bf16(s, pa);
     wgmma::fence();
-    wgmma::issue_rs_nmajor_64(o, pa, sVs);
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) wgmma::issue_rs_nmajor_64(o[pn], pa, sVs + pn * kPanel);
     wgmma::commit();
     wgmma::wait<0>();
     __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration j + 1
@@ -592,7 +617,9 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
     const int row = r_lo + 8 * r;
     if (row >= T) continue;
     const float inv = 1.0f / lsum;
-    store_acc_row_bf16(p.out + b * p.o_sb + row * p.o_st + h * p.o_sh + c2, o, r, inv);
+    uint16_t* orow = p.out + b * p.o_sb + row * p.o_st + h * p.o_sh + c2;
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) store_acc_row_bf16(orow + 64 * pn, o[pn], r, inv);
     if ((lane & 3) == 0) p.lse[static_cast<int64_t>(bh) * T + row] = m[r] * p.scale + logf(lsum);
   }
 }
@@ -966,16 +993,20 @@ __device__ __forceinline__ void dkv_probs_and_grads(float (&st)[32], float (&dpt
   }
 }
 
-// The dK/dV pass on warpgroup MMAs (Dh 64): one warpgroup owns 64 keys (warp w: keys 16w..)
+// The dK/dV pass on warpgroup MMAs (Dh 64 and 128): one warpgroup owns 64 keys (warp w: keys
+// 16w..)
 // and streams 64-query tiles of every query head of its group, as attn_bwd_dkv_kernel<64, 4,
 // 64, 1> does. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ read K, V, Q and dO straight from the swizzled shared
 // tiles (all K-major); dV += Pᵀ·dO and dK += dSᵀ·Q take Pᵀ, dSᵀ from registers and dO, Q as
-// N-major shared operands. The per-element softmax math is attn_bwd_dkv_kernel's.
-// Shared: K | V | Q [2] | dO [2] (64×64 bf16 each, 128B swizzle, 1024-byte aligned) |
+// N-major shared operands (Dh 128: products over Dh sum the two 64-column panels, products
+// into Dh run per panel). The per-element softmax math is attn_bwd_dkv_kernel's.
+// Shared: K | V | Q [2] | dO [2] ([64, Dh] bf16 each, panel layout, 1024-byte aligned) |
 //         lse2 [2][64] | delta [2][64] f32.
+template <int kDh>
 __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams p) {
   pdl::grid_sync();
-  constexpr int kDh = 64, kB = 64, kThreads = 128, kTile = kB * kDh * 2;
+  constexpr int kB = 64, kThreads = 128, kPanels = kDh / 64;
+  constexpr int kTile = kB * kDh * 2, kPanel = kB * 128;  // bytes
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t raw = smem_addr(smem);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -992,10 +1023,10 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
   const int nq = (T + kB - 1) / kB - qi0;
   const int n_it = p.group * nq;
 
-  load_tile<kB, kDh, kThreads>(sK, p.k + b * p.k_sb + hkv * p.k_sh + k0 * p.k_st, p.k_st, T - k0,
-                               tid);
-  load_tile<kB, kDh, kThreads>(sV, p.v + b * p.v_sb + hkv * p.v_sh + k0 * p.v_st, p.v_st, T - k0,
-                               tid);
+  TileCopy<kB, kDh, kThreads>(tid, p.k_st)
+      .start(sK, p.k + b * p.k_sb + hkv * p.k_sh + k0 * p.k_st, T - k0);
+  TileCopy<kB, kDh, kThreads>(tid, p.v_st)
+      .start(sV, p.v + b * p.v_sb + hkv * p.v_sh + k0 * p.v_st, T - k0);
   const TileCopy<kB, kDh, kThreads> q_copy(tid, p.q_st), do_copy(tid, p.do_st);
   auto issue = [&](int it, int stage) {
     const int h = hkv * p.group + it / nq;
@@ -1011,10 +1042,14 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
 
   const int key_lo = k0 + warp * 16 + (lane >> 2);  // keys key_lo and key_lo + 8
   const int c2 = 2 * (lane & 3);
-  float dk[32], dv[32];  // [64 keys, 64]: element i at key key_lo + 8·((i>>1)&1), column 8·(i>>2) +
-                         // c2 + (i&1)
+  // dK, dV [64 keys, Dh]: element i of panel pn at key key_lo + 8·((i>>1)&1), column 64pn +
+  // 8·(i>>2) + c2 + (i&1).
+  float dk[kPanels][32], dv[kPanels][32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) dk[i] = dv[i] = 0.0f;
+  for (int pn = 0; pn < kPanels; ++pn) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dk[pn][i] = dv[pn][i] = 0.0f;
+  }
 
   for (int it = 0; it < n_it; ++it) {
     const int stage = it & 1;
@@ -1029,8 +1064,14 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
     const float* drow = sD_ptr + stage * kB;
     float st[32], dpt[32];  // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: [64 keys, 64 queries]
     wgmma::fence();
-    wgmma::issue_kmajor_64(st, sK, sQs, /*overwrite=*/true);
-    wgmma::issue_kmajor_64(dpt, sV, sdOs, /*overwrite=*/true);
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      wgmma::issue_kmajor_64(st, sK + pn * kPanel, sQs + pn * kPanel, /*overwrite=*/pn == 0);
+    }
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      wgmma::issue_kmajor_64(dpt, sV + pn * kPanel, sdOs + pn * kPanel, /*overwrite=*/pn == 0);
+    }
     wgmma::commit();
     wgmma::wait<0>();
     // Only tiles that reach the diagonal or T need the mask (a separate unrolled body).
@@ -1044,8 +1085,11 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
     acc_to_a_bf16(st, pa);
     acc_to_a_bf16(dpt, da);
     wgmma::fence();
-    wgmma::issue_rs_nmajor_64(dv, pa, sdOs);
-    wgmma::issue_rs_nmajor_64(dk, da, sQs);
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      wgmma::issue_rs_nmajor_64(dv[pn], pa, sdOs + pn * kPanel);
+      wgmma::issue_rs_nmajor_64(dk[pn], da, sQs + pn * kPanel);
+    }
     wgmma::commit();
     wgmma::wait<0>();
     __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration it + 1
@@ -1055,8 +1099,13 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
   for (int r = 0; r < 2; ++r) {
     const int key = key_lo + 8 * r;
     if (key >= T) continue;
-    store_acc_row_bf16(p.dk + b * p.dk_sb + key * p.dk_st + hkv * p.dk_sh + c2, dk, r, p.scale);
-    store_acc_row_bf16(p.dv + b * p.dv_sb + key * p.dv_st + hkv * p.dv_sh + c2, dv, r, 1.0f);
+    uint16_t* dkrow = p.dk + b * p.dk_sb + key * p.dk_st + hkv * p.dk_sh + c2;
+    uint16_t* dvrow = p.dv + b * p.dv_sb + key * p.dv_st + hkv * p.dv_sh + c2;
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      store_acc_row_bf16(dkrow + 64 * pn, dk[pn], r, p.scale);
+      store_acc_row_bf16(dvrow + 64 * pn, dv[pn], r, 1.0f);
+    }
   }
 }
 
@@ -1076,14 +1125,17 @@ __device__ __forceinline__ void dq_score_grads(float (&sv)[32], const float (&dp
   }
 }
 
-// The dQ pass on warpgroup MMAs (Dh 64): one warpgroup owns 64 queries and streams 64-key
-// tiles up to the diagonal, as attn_bwd_dq_kernel does. S = Q·Kᵀ and dP = dO·Vᵀ read Q, dO, K,
-// V straight from the swizzled shared tiles (all K-major); dQ += dS·K takes dS from registers
-// and K as an N-major shared operand. Per-element math as attn_bwd_dq_kernel's.
-// Shared: Q | dO | K [2] | V [2] (64×64 bf16 each, 128B swizzle, 1024-byte aligned).
+// The dQ pass on warpgroup MMAs (Dh 64 and 128): one warpgroup owns 64 queries and streams
+// 64-key tiles up to the diagonal, as attn_bwd_dq_kernel does. S = Q·Kᵀ and dP = dO·Vᵀ read Q,
+// dO, K, V straight from the swizzled shared tiles (all K-major; Dh 128 sums the two panels);
+// dQ += dS·K takes dS from registers and K as an N-major shared operand (per panel).
+// Per-element math as attn_bwd_dq_kernel's.
+// Shared: Q | dO | K [2] | V [2] ([64, Dh] bf16 each, panel layout, 1024-byte aligned).
+template <int kDh>
 __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams p) {
   pdl::grid_sync();
-  constexpr int kDh = 64, kB = 64, kThreads = 128, kTile = kB * kDh * 2;
+  constexpr int kB = 64, kThreads = 128, kPanels = kDh / 64;
+  constexpr int kTile = kB * kDh * 2, kPanel = kB * 128;  // bytes
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
   const uint32_t sQ = base, sdO = base + kTile, sK = base + 2 * kTile, sV = base + 4 * kTile;
@@ -1092,10 +1144,10 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
   const QueryTile qtile = query_tile<kB, kB>(p);
   const int bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, n_kt = qtile.n_kt, T = p.T;
   const uint16_t *kg = qtile.kg, *vg = qtile.vg;
-  load_tile<kB, kDh, kThreads>(sQ, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, p.q_st, T - q0,
-                               tid);
-  load_tile<kB, kDh, kThreads>(sdO, p.dout + b * p.do_sb + h * p.do_sh + q0 * p.do_st, p.do_st,
-                               T - q0, tid);
+  TileCopy<kB, kDh, kThreads>(tid, p.q_st)
+      .start(sQ, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, T - q0);
+  TileCopy<kB, kDh, kThreads>(tid, p.do_st)
+      .start(sdO, p.dout + b * p.do_sb + h * p.do_sh + q0 * p.do_st, T - q0);
   const TileCopy<kB, kDh, kThreads> k_copy(tid, p.k_st), v_copy(tid, p.v_st);
   k_copy.start(sK, kg, T);
   v_copy.start(sV, vg, T);
@@ -1106,10 +1158,14 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
   float lq[2], dlt[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) row_stats(p, bh, r_lo + 8 * r, lq[r], dlt[r]);
-  float dqa[32];  // dQ [64 queries, 64]: element i at row r_lo + 8·((i>>1)&1), column 8·(i>>2) + c2
-                  // + (i&1)
+  // dQ [64 queries, Dh]: element i of panel pn at row r_lo + 8·((i>>1)&1), column 64pn +
+  // 8·(i>>2) + c2 + (i&1).
+  float dqa[kPanels][32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) dqa[i] = 0.0f;
+  for (int pn = 0; pn < kPanels; ++pn) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dqa[pn][i] = 0.0f;
+  }
 
   for (int j = 0; j < n_kt; ++j) {
     const int stage = j & 1;
@@ -1125,8 +1181,14 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
     const uint32_t sKs = sK + stage * kTile, sVs = sV + stage * kTile;
     float sv[32], dpv[32];  // S = Q·Kᵀ, dP = dO·Vᵀ: [64 queries, 64 keys]
     wgmma::fence();
-    wgmma::issue_kmajor_64(sv, sQ, sKs, /*overwrite=*/true);
-    wgmma::issue_kmajor_64(dpv, sdO, sVs, /*overwrite=*/true);
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      wgmma::issue_kmajor_64(sv, sQ + pn * kPanel, sKs + pn * kPanel, /*overwrite=*/pn == 0);
+    }
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      wgmma::issue_kmajor_64(dpv, sdO + pn * kPanel, sVs + pn * kPanel, /*overwrite=*/pn == 0);
+    }
     wgmma::commit();
     wgmma::wait<0>();
     // Only the tile on the diagonal needs the mask (a separate unrolled body).
@@ -1140,7 +1202,8 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
     uint32_t da[4][4];
     acc_to_a_bf16(sv, da);
     wgmma::fence();
-    wgmma::issue_rs_nmajor_64(dqa, da, sKs);
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) wgmma::issue_rs_nmajor_64(dqa[pn], da, sKs + pn * kPanel);
     wgmma::commit();
     wgmma::wait<0>();
     __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration j + 1
@@ -1150,7 +1213,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
   for (int r = 0; r < 2; ++r) {
     const int row = r_lo + 8 * r;
     if (row >= T) continue;
-    store_acc_row_bf16(p.dq + b * p.dq_sb + row * p.dq_st + h * p.dq_sh + c2, dqa, r, p.scale);
+    uint16_t* dqrow = p.dq + b * p.dq_sb + row * p.dq_st + h * p.dq_sh + c2;
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) store_acc_row_bf16(dqrow + 64 * pn, dqa[pn], r, p.scale);
   }
 }
 
@@ -1395,27 +1460,33 @@ void launch_fwd(const FwdParams& p, int B, cudaStream_t stream) {
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
+template <int kDh>
 void launch_dkv_wgmma(const BwdParams& p, int B, cudaStream_t stream) {
-  const size_t smem = 6 * (64 * 64 * 2) + 4 * 64 * 4 + 1024;  // + room for the 1024 alignment
-  set_smem(attn_bwd_dkv_wgmma_kernel, smem);
+  const size_t smem = 6 * (64 * kDh * 2) + 4 * 64 * 4 + 1024;  // + room for the 1024 alignment
+  auto kernel = attn_bwd_dkv_wgmma_kernel<kDh>;
+  set_smem(kernel, smem);
   const dim3 grid(tiles_of(p.T, 64), B * p.Hkv);
-  pdl::launch(attn_bwd_dkv_wgmma_kernel, grid, 128, smem, stream, p);
+  pdl::launch(kernel, grid, 128, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
+template <int kDh>
 void launch_dq_wgmma(const BwdParams& p, int B, cudaStream_t stream) {
-  const size_t smem = 6 * (64 * 64 * 2) + 1024;  // + room for the 1024 alignment
-  set_smem(attn_bwd_dq_wgmma_kernel, smem);
+  const size_t smem = 6 * (64 * kDh * 2) + 1024;  // + room for the 1024 alignment
+  auto kernel = attn_bwd_dq_wgmma_kernel<kDh>;
+  set_smem(kernel, smem);
   const dim3 grid(tiles_of(p.T, 64), B * p.H);
-  pdl::launch(attn_bwd_dq_wgmma_kernel, grid, 128, smem, stream, p);
+  pdl::launch(kernel, grid, 128, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
+template <int kDh>
 void launch_fwd_wgmma(const FwdParams& p, int B, cudaStream_t stream) {
-  const size_t smem = 5 * (64 * 64 * 2) + 1024;  // + room to align the tiles to 1024 bytes
-  set_smem(attn_fwd_wgmma_kernel, smem);
+  const size_t smem = 5 * (64 * kDh * 2) + 1024;  // + room to align the tiles to 1024 bytes
+  auto kernel = attn_fwd_wgmma_kernel<kDh>;
+  set_smem(kernel, smem);
   const dim3 grid(tiles_of(p.T, 64), B * p.H);
-  pdl::launch(attn_fwd_wgmma_kernel, grid, 128, smem, stream, p);
+  pdl::launch(kernel, grid, 128, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1552,20 +1623,15 @@ void check_grid(const char* op, int64_t B, int64_t heads, int64_t T) {
 }  // namespace
 
 CudaTiles default_tiles(int dh) {
-  // The fastest variants of the benchmark sweep (AttentionGpu.PerfSdpaShapes) on an H100; the dQ
-  // pass from stored dS where it measured faster on an H200 (Dh 128: 1.71 against 1.85 ms at
-  // B8 T2048 H16; at Dh 64 the dS traffic per FLOP is twice as high and it was slower, 2.24
-  // against 1.83 ms at the 1b shape B8 T2048 H32/Hkv8).
+  // The fastest variants of the benchmark sweep (AttentionGpu.PerfSdpaShapes) on an H100: the
+  // warpgroup-MMA (wgmma) kernels for both head dims. The mma.sync variants below stay as
+  // candidates (and the dQ pass from stored dS, which was the Dh 128 default before the wgmma
+  // kernels covered Dh 128).
   CudaTiles t;
-  t.dq_from_ds = dh == 128;
-  // Dh 64: the wgmma forward (0.430 against 0.504 ms at B8 T2048 H32, 0.099 against 0.119 at
-  // B16 T1024 H12, H200).
-  t.fwd_wgmma = dh == 64;
-  // Dh 64: the wgmma dK/dV pass (backward 1.546 against 1.816 ms at B8 T2048 H32, 0.367 against
-  // 0.412 at B16 T1024 H12, H200).
-  t.dkv_wgmma = dh == 64;
-  // Dh 64: the wgmma dQ pass (backward 1.420 against 1.565 ms at B8 T2048 H32, H200).
-  t.dq_wgmma = dh == 64;
+  t.dq_from_ds = false;
+  t.fwd_wgmma = true;
+  t.dkv_wgmma = true;
+  t.dq_wgmma = true;
   if (dh == 64) {
     t.fwd_warps = 4, t.fwd_bc = 64, t.fwd_mt = 2;
     t.dkv_warps = 4, t.dkv_br = 64, t.dkv_mt = 1;
@@ -1580,7 +1646,7 @@ CudaTiles default_tiles(int dh) {
 
 std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
   std::vector<CudaTiles> out;
-  if (dh == 64) {
+  {
     CudaTiles t = default_tiles(dh);
     t.fwd_wgmma = true;
     out.push_back(t);
@@ -1596,7 +1662,7 @@ std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
 
 std::vector<CudaTiles> candidate_bwd_tiles(int dh) {
   std::vector<CudaTiles> out;
-  if (dh == 64) {
+  {
     for (bool dq_w : {false, true}) {
       CudaTiles t = default_tiles(dh);
       t.dkv_wgmma = true;
@@ -1645,8 +1711,8 @@ void attention_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& l
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;
   if (t.fwd_wgmma) {
-    LOWBIT_CHECK(dh == 64, "attention_fwd: the wgmma forward is compiled for Dh 64 only");
-    return launch_fwd_wgmma(p, static_cast<int>(B), ctx.stream());
+    if (dh == 64) return launch_fwd_wgmma<64>(p, static_cast<int>(B), ctx.stream());
+    return launch_fwd_wgmma<128>(p, static_cast<int>(B), ctx.stream());
   }
   run_fwd(dh, Variant{t.fwd_warps, t.fwd_bc, t.fwd_mt}, p, static_cast<int>(B), ctx.stream());
 }
@@ -1728,14 +1794,20 @@ void attention_bwd_run(Context& ctx, const TensorView& dq, const TensorView& dk,
   p.scale_log2 = scale * kLog2e;
   if (!from_ds) {
     if (t.dkv_wgmma) {
-      LOWBIT_CHECK(dh == 64, "attention_bwd: the wgmma dK/dV pass is compiled for Dh 64 only");
-      launch_dkv_wgmma(p, static_cast<int>(B), stream);
+      if (dh == 64) {
+        launch_dkv_wgmma<64>(p, static_cast<int>(B), stream);
+      } else {
+        launch_dkv_wgmma<128>(p, static_cast<int>(B), stream);
+      }
     } else {
       run_dkv(dh, Variant{t.dkv_warps, t.dkv_br, t.dkv_mt}, p, static_cast<int>(B), stream);
     }
     if (t.dq_wgmma) {
-      LOWBIT_CHECK(dh == 64, "attention_bwd: the wgmma dQ pass is compiled for Dh 64 only");
-      launch_dq_wgmma(p, static_cast<int>(B), stream);
+      if (dh == 64) {
+        launch_dq_wgmma<64>(p, static_cast<int>(B), stream);
+      } else {
+        launch_dq_wgmma<128>(p, static_cast<int>(B), stream);
+      }
     } else {
       run_dq(dh, Variant{t.dq_warps, t.dq_bc, t.dq_mt}, p, static_cast<int>(B), stream);
     }
