@@ -7,9 +7,15 @@
 // which writes dx = grad_scale · (exp(x − m) / s − onehot), reads it from there instead of HBM; the
 // rest of a longer row is read again (mostly from L2).
 //
+// Rows longer than a block's shared memory (the 256 KB rows of a 128256-token vocabulary) run on
+// a cluster of blocks instead (cross_entropy_cluster_kernel): each block holds its slice of the
+// row from pass 1 to pass 2, the blocks' (m, s) pairs are merged through distributed shared
+// memory, and the row is read from HBM exactly once.
+//
 // Rows of odd V are not 16-byte aligned: each row is split into a scalar head (up to the first
 // 16-byte boundary), a vector body and a scalar tail. exp is ex2.approx of (x − m)·log2(e), a few
 // fp32 ulps from exp, far below the bf16 output's rounding.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -89,6 +95,50 @@ __device__ __forceinline__ int head_elems(const uint16_t* p, int64_t v) {
   return static_cast<int>(h < v ? h : v);
 }
 
+// The block's pairs merged in a fixed tree (butterfly within each warp, then warp 0 over the
+// warps); the result is valid in warp 0 (every lane). Ends with warp 0 past a __syncthreads.
+template <int kWarps>
+__device__ __forceinline__ MaxSum block_merge(MaxSum st, float* red_m, float* red_s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const MaxSum other{__shfl_xor_sync(0xFFFFFFFFu, st.m, o),
+                       __shfl_xor_sync(0xFFFFFFFFu, st.s, o)};
+    st = merge(st, other);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) red_m[warp] = st.m, red_s[warp] = st.s;
+  __syncthreads();
+  if (warp == 0) {
+    st = lane < kWarps ? MaxSum{red_m[lane], red_s[lane]} : MaxSum{-INFINITY, 0.0f};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const MaxSum other{__shfl_xor_sync(0xFFFFFFFFu, st.m, o),
+                         __shfl_xor_sync(0xFFFFFFFFu, st.s, o)};
+      st = merge(st, other);
+    }
+  }
+  return st;
+}
+
+// dx for the 8 logits of one 16-byte vector: grad_scale · (exp(x − m)·inv_s − [lane = hit]).
+__device__ __forceinline__ uint4 grad8(const uint4& u, float m, float inv_s, int hit,
+                                       float grad_scale) {
+  float v[8];
+  unpack8(u, v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    float p = ex2((v[i] - m) * kLog2e) * inv_s;
+    if (i == hit) p -= 1.0f;
+    v[i] = p * grad_scale;
+  }
+  uint4 o;
+  o.x = ops_cuda::pack_bf16x2(v[0], v[1]);
+  o.y = ops_cuda::pack_bf16x2(v[2], v[3]);
+  o.z = ops_cuda::pack_bf16x2(v[4], v[5]);
+  o.w = ops_cuda::pack_bf16x2(v[6], v[7]);
+  return o;
+}
+
 // losses [n] f32, dlogits [n, V] bf16 or null (may alias logits), logits [n, V] bf16, targets
 // [n] i32. Grid: one block of THREADS per row; dynamic shared memory: cache_vecs 16-byte vectors
 // (0 without dlogits). UNROLL 16-byte loads are in flight per thread.
@@ -149,30 +199,12 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
       }
     }
   }
-  // Block merge in a fixed tree: butterfly within each warp, then warp 0 over the warps.
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const MaxSum other{__shfl_xor_sync(0xFFFFFFFFu, st.m, o),
-                       __shfl_xor_sync(0xFFFFFFFFu, st.s, o)};
-    st = merge(st, other);
-  }
-  const int lane = tid & 31, warp = tid >> 5;
-  if (lane == 0) red_m[warp] = st.m, red_s[warp] = st.s;
-  __syncthreads();
-  if (warp == 0) {
-    st = lane < kWarps ? MaxSum{red_m[lane], red_s[lane]} : MaxSum{-INFINITY, 0.0f};
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const MaxSum other{__shfl_xor_sync(0xFFFFFFFFu, st.m, o),
-                         __shfl_xor_sync(0xFFFFFFFFu, st.s, o)};
-      st = merge(st, other);
-    }
-    if (lane == 0) {
-      // loss = (m − x_t) + log s: no cancellation between a large logsumexp and x_t.
-      losses[row] = __fadd_rn(__fsub_rn(st.m, xt), logf(st.s));
-      row_m = st.m;
-      row_inv_s = __frcp_rn(st.s);
-    }
+  st = block_merge<kWarps>(st, red_m, red_s);
+  if (tid == 0) {
+    // loss = (m − x_t) + log s: no cancellation between a large logsumexp and x_t.
+    losses[row] = __fadd_rn(__fsub_rn(st.m, xt), logf(st.s));
+    row_m = st.m;
+    row_inv_s = __frcp_rn(st.s);
   }
   if (!dx) return;
   __syncthreads();
@@ -203,29 +235,143 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
         const int k = k0 + u * THREADS;
-        if (k < nvec) {
-          float v[8];
-          unpack8(r[u], v);
-          const int hit = k == t_vec && t >= h ? t_lane : -1;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            float p = ex2((v[i] - m) * kLog2e) * inv_s;
-            if (i == hit) p -= 1.0f;
-            v[i] = p * grad_scale;
-          }
-          uint4 o;
-          o.x = ops_cuda::pack_bf16x2(v[0], v[1]);
-          o.y = ops_cuda::pack_bf16x2(v[2], v[3]);
-          o.z = ops_cuda::pack_bf16x2(v[4], v[5]);
-          o.w = ops_cuda::pack_bf16x2(v[6], v[7]);
-          dv[k] = o;
-        }
+        if (k < nvec) dv[k] = grad8(r[u], m, inv_s, k == t_vec && t >= h ? t_lane : -1, grad_scale);
       }
     }
   } else {
     // A separate dlogits buffer with another alignment: element by element.
     for (int j = tid; j < V; j += THREADS) dx[j] = grad1(bf16_to_f32(x[j]), j);
   }
+}
+
+// Fills dx[j] for j in [j0, j1) and the row's 16-byte vectors [k0, k1) (body starting at element
+// h) with `fill`, THREADS threads.
+template <int THREADS>
+__device__ __forceinline__ void fill_row_part(uint16_t* dx, int h, int j0, int j1, int k0, int k1,
+                                              uint16_t fill) {
+  const int tid = threadIdx.x;
+  for (int j = j0 + tid; j < j1; j += THREADS) dx[j] = fill;
+  const uint32_t w = fill | (uint32_t(fill) << 16);
+  uint4* dv = reinterpret_cast<uint4*>(dx + h);
+  for (int k = k0 + tid; k < k1; k += THREADS) dv[k] = make_uint4(w, w, w, w);
+}
+
+// One row per cluster of C blocks (C = the launch's cluster size), for rows longer than a block's
+// shared memory. dlogits [n, V] bf16 (may alias logits; 16-byte aligned like logits), the rest as
+// in cross_entropy_kernel. Block r of a row's cluster owns the row's body vectors [r·per,
+// min((r + 1)·per, nvec)) and keeps them in shared memory (dynamic: per 16-byte vectors) from
+// pass 1 to pass 2; block 0 also takes the scalar head and tail. After pass 1 each block
+// publishes its (m, s); every block merges the C pairs in rank order (the same bits in all of
+// them), so no block depends on another's gradient pass. Grid: n·C blocks.
+template <int THREADS, int MIN_BLOCKS, int UNROLL>
+__global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+    cross_entropy_cluster_kernel(float* __restrict__ losses, uint16_t* dlogits,
+                                 const uint16_t* logits, const int32_t* __restrict__ targets, int V,
+                                 int ignore_index, float grad_scale, int per) {
+  pdl::grid_sync();
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int C = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  extern __shared__ uint4 cache[];  // [per] this block's slice of the row's body
+  constexpr int kWarps = THREADS / 32;
+  __shared__ float red_m[kWarps], red_s[kWarps];
+  __shared__ float part[2];  // this block's (m, s), read by the cluster
+  __shared__ float row_m, row_inv_s;
+  const int64_t row = blockIdx.x / C;
+  const uint16_t* x = logits + row * V;  // [V]
+  uint16_t* dx = dlogits + row * V;      // [V]
+  const int tid = threadIdx.x;
+  const int32_t t = targets[row];
+  const int h = head_elems(x, V);
+  const int nvec = (V - h) / 8;
+  const int tail0 = h + nvec * 8;
+  const int v0 = min(nvec, rank * per), v1 = min(nvec, v0 + per);
+
+  if (t == ignore_index || t < 0 || t >= V) {
+    // Ignored row: loss 0, zero gradient. Bad target: NaN loss and gradient.
+    const bool bad = t != ignore_index;
+    if (rank == 0 && tid == 0) losses[row] = bad ? __int_as_float(0x7FC00000) : 0.0f;
+    const uint16_t fill = bad ? 0x7FC0u : 0u;
+    if (rank == 0) {
+      fill_row_part<THREADS>(dx, h, 0, h, 0, 0, fill);
+      fill_row_part<THREADS>(dx, h, tail0, V, 0, 0, fill);
+    }
+    fill_row_part<THREADS>(dx, h, 0, 0, v0, v1, fill);
+    return;
+  }
+
+  // ---- pass 1: this block's slice, kept in shared memory ---------------------------------------
+  // x_t is read before the cluster barrier, hence before any block of the row writes dx.
+  const float xt = rank == 0 && tid == 0 ? bf16_to_f32(x[t]) : 0.0f;
+  const uint4* xv = reinterpret_cast<const uint4*>(x + h);  // [nvec] the row's body
+  MaxSum st{-INFINITY, 0.0f};
+  if (rank == 0) {
+    if (tid < h) absorb1(st, bf16_to_f32(x[tid]));
+    if (tail0 + tid < V) absorb1(st, bf16_to_f32(x[tail0 + tid]));
+  }
+  for (int k0 = v0 + tid; k0 < v1; k0 += UNROLL * THREADS) {
+    uint4 r[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int k = k0 + u * THREADS;
+      if (k < v1) r[u] = xv[k];
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int k = k0 + u * THREADS;
+      if (k < v1) {
+        cache[k - v0] = r[u];
+        absorb8(st, r[u]);
+      }
+    }
+  }
+  st = block_merge<kWarps>(st, red_m, red_s);
+  if (tid == 0) part[0] = st.m, part[1] = st.s;
+  cluster.sync();  // every block's pair is published
+  if (tid == 0) {
+    MaxSum tot{-INFINITY, 0.0f};
+    for (int q = 0; q < C; ++q) {
+      const float* pq = cluster.map_shared_rank(part, q);
+      tot = merge(tot, MaxSum{pq[0], pq[1]});
+    }
+    if (rank == 0) losses[row] = __fadd_rn(__fsub_rn(tot.m, xt), logf(tot.s));
+    row_m = tot.m;
+    row_inv_s = __frcp_rn(tot.s);
+  }
+  // This block is done reading the others' shared memory (the matching wait is at the end: a
+  // block's shared memory must outlive the reads of its pair).
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  __syncthreads();
+
+  // ---- pass 2: dx = grad_scale · (exp(x − m) / s − [j = t]) from the slice ----------------------
+  const float m = row_m, inv_s = row_inv_s;
+  if (rank == 0) {
+    auto grad1 = [&](int j) {
+      float p = ex2((bf16_to_f32(x[j]) - m) * kLog2e) * inv_s;
+      if (j == t) p -= 1.0f;
+      return f32_to_bf16_rn(p * grad_scale);
+    };
+    // Each head / tail element is read and written by the same thread (safe in place).
+    if (tid < h) dx[tid] = grad1(tid);
+    if (tail0 + tid < V) dx[tail0 + tid] = grad1(tail0 + tid);
+  }
+  uint4* dv = reinterpret_cast<uint4*>(dx + h);          // [nvec]
+  const int t_vec = (t - h) >> 3, t_lane = (t - h) & 7;  // the target's vector and lane
+  for (int k0 = v0 + tid; k0 < v1; k0 += UNROLL * THREADS) {
+    uint4 r[UNROLL];  // UNROLL vectors read from shared memory before the first is written
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int k = k0 + u * THREADS;
+      if (k < v1) r[u] = cache[k - v0];
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int k = k0 + u * THREADS;
+      if (k < v1) dv[k] = grad8(r[u], m, inv_s, k == t_vec && t >= h ? t_lane : -1, grad_scale);
+    }
+  }
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 // Every compiled (threads, min blocks, unroll) variant, with its kernel.
@@ -248,13 +394,36 @@ const CeVariant* find_variant(const CeConfig& c) {
   return nullptr;
 }
 
+// The cluster kernels, by (threads, unroll).
+const CeVariant kClusterVariants[] = {
+    {256, 3, 8, cross_entropy_cluster_kernel<256, 3, 8>},
+    {512, 2, 4, cross_entropy_cluster_kernel<512, 2, 4>},
+};
+
+const CeVariant* find_cluster_variant(const CeConfig& c) {
+  for (const CeVariant& v : kClusterVariants) {
+    if (v.threads == c.threads && v.unroll == c.unroll) return &v;
+  }
+  return nullptr;
+}
+
+// Blocks per row such that a block's slice of a row of V bf16 fits 64 KiB (three blocks per SM),
+// at least 2 and at most 8 (the portable cluster size); 0 where one block holds the whole row.
+int cluster_blocks_for(int64_t V) {
+  const int64_t blocks = (V * 2 + (64 << 10) - 1) / (64 << 10);
+  if (blocks <= 1) return 0;
+  return static_cast<int>(std::min<int64_t>(blocks, 8));
+}
+
 }  // namespace
 
 // Chosen from the sweep of tests/gpu/test_ops_cross_entropy.cpp (CrossEntropyGpu.Perf), fwd +
 // bwd in place: on an H100 16384 × 32000 0.804 ms (the next best 0.813 ms, 512 threads with 2
-// blocks per SM 0.880 ms), 8192 × 50257 0.670 ms; on an H200 4096 × 128256 0.773 ms with 512
-// threads, 3 blocks per SM and 64 KiB cached (1024 threads, 1 block, 100 KiB: 0.818 ms; caching
-// up to 224 KiB of the 256 KiB row gained nothing: the kernel is latency-, not HBM-bound).
+// blocks per SM 0.880 ms), 8192 × 50257 0.670 ms, 4096 × 128256 1.01 ms with 512 threads, 3
+// blocks per SM and 64 KiB cached (69 % of copy: part of each row is read twice). The cluster
+// kernel (4 blocks per row) reads the row once and measured 0.894 ms alone, but 1.13 ms per call
+// inside the 1b training step against 1.03 ms for this one (H100, 2026-11-22), so it is a
+// candidate (cross_entropy_cluster_config), not the default.
 CeConfig cross_entropy_default_config(int64_t V) {
   if (V <= 4096) return {128, 8, 4, 32 << 10};
   if (V <= 40000) return {512, 3, 4, 64 << 10};
@@ -262,11 +431,20 @@ CeConfig cross_entropy_default_config(int64_t V) {
   return {512, 3, 4, 64 << 10};
 }
 
+CeConfig cross_entropy_cluster_config(int64_t V) {
+  return {256, 3, 8, 64 << 10, std::max(2, cluster_blocks_for(V))};
+}
+
 std::vector<CeConfig> cross_entropy_candidates() {
   std::vector<CeConfig> out;
   for (const CeVariant& v : kVariants) {
     for (int cache_kb : {0, 32, 64, 100})
       out.push_back({v.threads, v.min_blocks, v.unroll, cache_kb << 10});
+  }
+  for (const CeVariant& v : kClusterVariants) {
+    for (int cluster : {2, 3, 4, 5, 6, 8}) {
+      out.push_back({v.threads, v.min_blocks, v.unroll, 0, cluster});
+    }
   }
   return out;
 }
@@ -277,7 +455,32 @@ void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView
   const int64_t n = logits.size(0), V = logits.size(1);
   LOWBIT_CHECK(n <= INT32_MAX && V <= INT32_MAX, "cross_entropy: {} x {} logits exceed the grid", n,
                V);
-  const CeConfig c = config ? *config : cross_entropy_default_config(V);
+  const CeConfig asked = config ? *config : cross_entropy_default_config(V);
+  const uint16_t* x = logits.ptr<const uint16_t>();
+  // Cluster kernel: each block's slice (the body has at most V / 8 vectors, fewer when the row
+  // starts off a 16-byte boundary) in at most 200 KiB of shared memory.
+  const int per =
+      asked.cluster > 1 ? static_cast<int>((V / 8 + asked.cluster - 1) / asked.cluster) : 0;
+  if (asked.cluster > 1 && dlogits != nullptr && int64_t(per) * 16 <= (200 << 10) &&
+      n * asked.cluster <= INT32_MAX &&
+      ((reinterpret_cast<uintptr_t>(dlogits->ptr<uint16_t>()) ^ reinterpret_cast<uintptr_t>(x)) &
+       15u) == 0) {
+    const CeConfig& c = asked;
+    const CeVariant* var = find_cluster_variant(c);
+    LOWBIT_CHECK(var != nullptr && c.cluster <= 8,
+                 "cross_entropy: no cluster kernel for {} threads, unroll {}, {} blocks per row",
+                 c.threads, c.unroll, c.cluster);
+    const size_t smem = static_cast<size_t>(per) * 16;
+    ops_cuda::allow_dynamic_smem(var->fn, smem);
+    pdl::launch_clustered(var->fn, static_cast<unsigned>(n * c.cluster), c.threads, smem,
+                          ctx.stream(), static_cast<unsigned>(c.cluster), losses.ptr<float>(),
+                          dlogits->ptr<uint16_t>(), x, targets.ptr<const int32_t>(),
+                          static_cast<int>(V), ignore_index, grad_scale, per);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  // The one-block kernel (cluster ≤ 1; or no dlogits, dlogits aligned otherwise, rows too long).
+  const CeConfig c = asked.cluster > 1 ? CeConfig{512, 3, 4, 64 << 10} : asked;
   const CeVariant* var = find_variant(c);
   LOWBIT_CHECK(var != nullptr, "cross_entropy: no kernel for {} threads, {} blocks, unroll {}",
                c.threads, c.min_blocks, c.unroll);
@@ -286,10 +489,7 @@ void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView
   const int cache_vecs =
       dlogits ? static_cast<int>(std::min<int64_t>(V / 8, c.max_cache_bytes / 16)) : 0;
   const size_t smem = static_cast<size_t>(cache_vecs) * 16;
-  if (smem > (48u << 10)) {
-    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(var->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
-  }
+  ops_cuda::allow_dynamic_smem(var->fn, smem);
   pdl::launch(var->fn, static_cast<unsigned>(n), c.threads, smem, ctx.stream(), losses.ptr<float>(),
               dlogits ? dlogits->ptr<uint16_t>() : nullptr, logits.ptr<const uint16_t>(),
               targets.ptr<const int32_t>(), static_cast<int>(V), ignore_index, grad_scale,

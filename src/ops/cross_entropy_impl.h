@@ -25,17 +25,25 @@ void cross_entropy_cpu(const TensorView& losses, const TensorView* dlogits,
                        const TensorView& logits, const TensorView& targets, int ignore_index,
                        float grad_scale);
 
-// CUDA (cross_entropy.cu), bf16, on ctx.stream(): one block per row, the row read once with an
-// online max/sum in fp32 (the first part of the row kept in shared memory), then the gradient
-// written in a second pass. A bad target gives a NaN loss and a NaN gradient row.
+// CUDA (cross_entropy.cu), bf16, on ctx.stream(): one block (or one cluster of blocks) per row,
+// the row read once with an online max/sum in fp32 (kept in shared memory as far as it fits),
+// then the gradient written in a second pass. A bad target gives a NaN loss and a NaN gradient
+// row.
 struct CeConfig {
-  int threads = 512;                // per block (one row)
+  int threads = 512;                // per block
   int min_blocks = 2;               // __launch_bounds__ minimum blocks per SM (caps the registers)
   int unroll = 4;                   // 16-byte loads in flight per thread
   int max_cache_bytes = 100 << 10;  // shared memory per block caching the row for pass 2
+  // > 1: a row per cluster of `cluster` blocks, each holding its 1/cluster of the row in shared
+  // memory (max_cache_bytes unused), with dlogits aligned like logits; otherwise (no dlogits,
+  // another alignment) the one-block kernel with the same threads.
+  int cluster = 0;
 };
 // What cross_entropy_fwd_bwd uses for a vocabulary of V.
 CeConfig cross_entropy_default_config(int64_t V);
+// The fastest cluster configuration measured for a vocabulary of V (the row in slices of at
+// most 64 KiB; 4 blocks per row at V 128256), for tests and benchmarks.
+CeConfig cross_entropy_cluster_config(int64_t V);
 // Every compiled combination, for the benchmark sweep (the defaults are among them).
 std::vector<CeConfig> cross_entropy_candidates();
 // `config` overrides the default (must be one of the candidates).

@@ -105,6 +105,38 @@ TEST(CrossEntropyGpu, MatchesCpuTwin) {
   EXPECT_TRUE(test::compare_cpu_gpu(c));
 }
 
+// The cluster kernel (a row per cluster of blocks, each holding a slice in shared memory), which
+// cross_entropy_fwd_bwd does not choose by default: on the GPU through its config, on the CPU the
+// twin. Rows of odd V start off 16-byte boundaries (head and tail elements on block 0).
+TEST(CrossEntropyGpu, ClusterKernelMatchesCpuTwin) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  const Shape2 shapes[] = {{9, 4099}, {5, 50257}, {3, 128256}};
+  for (const Shape2 s : shapes) {
+    for (const ops_detail::CeConfig& cfg :
+         {ops_detail::cross_entropy_cluster_config(s.V), ops_detail::CeConfig{512, 2, 4, 0, 3},
+          ops_detail::CeConfig{256, 3, 8, 0, 8}}) {
+      for (const bool in_place : {false, true}) {
+        for (const Fill& f :
+             {Fill::gaussian(2.0), Fill::zeros(), Fill::large(), Fill::specials(3.0)}) {
+          test::OpCase c = ce_case(s.n, s.V, f, 1.0f / 4096, in_place);
+          c.name += fmt::format(" cluster {}x{}", cfg.cluster, cfg.threads);
+          c.run = [cfg, in_place](Context& ctx, const Args& a) {
+            const TensorView dl = in_place ? a["logits"] : a["dlogits"];
+            if (ctx.on_gpu()) {
+              ops_detail::cross_entropy_cuda(ctx, a["losses"], &dl, a["logits"], a["targets"], -1,
+                                             1.0f / 4096, &cfg);
+            } else {
+              cross_entropy_fwd_bwd(ctx, a["losses"], &dl, a["logits"], a["targets"], -1,
+                                    1.0f / 4096);
+            }
+          };
+          EXPECT_TRUE(test::compare_cpu_gpu(c));
+        }
+      }
+    }
+  }
+}
+
 std::vector<uint8_t> host_bytes(const TensorView& t) {
   Tensor h = Tensor::copy_of(t, Device::cpu());
   const auto* p = static_cast<const uint8_t*>(h.data());
@@ -133,22 +165,28 @@ TEST(CrossEntropyGpu, InPlaceOutOfPlaceAndRepeatedRunsGiveTheSameBits) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
   Context ctx(Device::cuda(0));
   for (const Shape2 s : {Shape2{64, 32000}, Shape2{9, 50257}, Shape2{2, 128256}}) {
-    SCOPED_TRACE(fmt::format("{}x{}", s.n, s.V));
-    Problem p(s.n, s.V, 3);
-    Tensor d1 = Tensor::empty({s.n, s.V}, DType::kBF16, ctx.device());
-    Tensor d2 = Tensor::empty({s.n, s.V}, DType::kBF16, ctx.device());
-    Tensor l1 = Tensor::empty({s.n}, DType::kF32, ctx.device());
-    Tensor l2 = Tensor::empty({s.n}, DType::kF32, ctx.device());
-    Tensor l3 = Tensor::empty({s.n}, DType::kF32, ctx.device());
-    const TensorView d1v = d1.view(), d2v = d2.view(), lgv = p.logits.view();
-    cross_entropy_fwd_bwd(ctx, l1, &d1v, p.logits, p.targets, -1, 0.25f);
-    cross_entropy_fwd_bwd(ctx, l2, &d2v, p.logits, p.targets, -1, 0.25f);
-    cross_entropy_fwd_bwd(ctx, l3, &lgv, p.logits, p.targets, -1, 0.25f);  // in place
-    ctx.synchronize();
-    EXPECT_EQ(host_bytes(l1), host_bytes(l2));
-    EXPECT_EQ(host_bytes(d1), host_bytes(d2));
-    EXPECT_EQ(host_bytes(l1), host_bytes(l3));
-    EXPECT_EQ(host_bytes(d1), host_bytes(p.logits));
+    // The default kernel, then the cluster kernel.
+    const ops_detail::CeConfig cluster = ops_detail::cross_entropy_cluster_config(s.V);
+    for (const ops_detail::CeConfig* cfg :
+         {static_cast<const ops_detail::CeConfig*>(nullptr), &cluster}) {
+      SCOPED_TRACE(fmt::format("{}x{}{}", s.n, s.V, cfg ? " cluster" : ""));
+      Problem p(s.n, s.V, 3);
+      Tensor d1 = Tensor::empty({s.n, s.V}, DType::kBF16, ctx.device());
+      Tensor d2 = Tensor::empty({s.n, s.V}, DType::kBF16, ctx.device());
+      Tensor l1 = Tensor::empty({s.n}, DType::kF32, ctx.device());
+      Tensor l2 = Tensor::empty({s.n}, DType::kF32, ctx.device());
+      Tensor l3 = Tensor::empty({s.n}, DType::kF32, ctx.device());
+      const TensorView d1v = d1.view(), d2v = d2.view(), lgv = p.logits.view();
+      ops_detail::cross_entropy_cuda(ctx, l1, &d1v, p.logits, p.targets, -1, 0.25f, cfg);
+      ops_detail::cross_entropy_cuda(ctx, l2, &d2v, p.logits, p.targets, -1, 0.25f, cfg);
+      // In place.
+      ops_detail::cross_entropy_cuda(ctx, l3, &lgv, p.logits, p.targets, -1, 0.25f, cfg);
+      ctx.synchronize();
+      EXPECT_EQ(host_bytes(l1), host_bytes(l2));
+      EXPECT_EQ(host_bytes(d1), host_bytes(d2));
+      EXPECT_EQ(host_bytes(l1), host_bytes(l3));
+      EXPECT_EQ(host_bytes(d1), host_bytes(p.logits));
+    }
   }
 }
 
@@ -174,29 +212,40 @@ TEST(CrossEntropyGpu, BadTargetGivesNanRow) {
   // unaffected.
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
   Context ctx(Device::cuda(0));
-  const int64_t n = 4, V = 1000;
-  Problem p(n, V, 5);
-  Tensor th = Tensor::copy_of(p.targets.view(), Device::cpu());
-  th.ptr<int32_t>()[0] = 3;
-  th.ptr<int32_t>()[1] = 1000;  // = V
-  th.ptr<int32_t>()[2] = -7;
-  th.ptr<int32_t>()[3] = 999;
-  Tensor targets = Tensor::copy_of(th.view(), ctx.device());
-  Tensor losses = Tensor::empty({n}, DType::kF32, ctx.device());
-  Tensor dl = Tensor::empty({n, V}, DType::kBF16, ctx.device());
-  const TensorView dlv = dl.view();
-  cross_entropy_fwd_bwd(ctx, losses, &dlv, p.logits, targets, -1, 1.0f);
-  Tensor lh = Tensor::copy_of(losses.view(), Device::cpu());
-  Tensor dh = Tensor::copy_of(dl.view(), Device::cpu());
-  EXPECT_TRUE(std::isfinite(lh.ptr<float>()[0]));
-  EXPECT_TRUE(std::isnan(lh.ptr<float>()[1]));
-  EXPECT_TRUE(std::isnan(lh.ptr<float>()[2]));
-  EXPECT_TRUE(std::isfinite(lh.ptr<float>()[3]));
-  for (int64_t j = 0; j < V; ++j) {
-    ASSERT_TRUE(std::isfinite(bf16_to_f32(dh.ptr<uint16_t>()[j]))) << j;
-    ASSERT_TRUE(std::isnan(bf16_to_f32(dh.ptr<uint16_t>()[V + j]))) << j;
-    ASSERT_TRUE(std::isnan(bf16_to_f32(dh.ptr<uint16_t>()[2 * V + j]))) << j;
-    ASSERT_TRUE(std::isfinite(bf16_to_f32(dh.ptr<uint16_t>()[3 * V + j]))) << j;
+  // At V 128256 also with the cluster kernel (a row per cluster of blocks).
+  struct Case {
+    int64_t V;
+    bool cluster;
+  };
+  for (const Case k : {Case{1000, false}, Case{128256, false}, Case{128256, true}}) {
+    const int64_t V = k.V;
+    const bool cluster = k.cluster;
+    const int64_t n = 4;
+    Problem p(n, V, 5);
+    Tensor th = Tensor::copy_of(p.targets.view(), Device::cpu());
+    th.ptr<int32_t>()[0] = 3;
+    th.ptr<int32_t>()[1] = static_cast<int32_t>(V);
+    th.ptr<int32_t>()[2] = -7;
+    th.ptr<int32_t>()[3] = static_cast<int32_t>(V - 1);
+    Tensor targets = Tensor::copy_of(th.view(), ctx.device());
+    Tensor losses = Tensor::empty({n}, DType::kF32, ctx.device());
+    Tensor dl = Tensor::empty({n, V}, DType::kBF16, ctx.device());
+    const TensorView dlv = dl.view();
+    const ops_detail::CeConfig cfg = ops_detail::cross_entropy_cluster_config(V);
+    ops_detail::cross_entropy_cuda(ctx, losses, &dlv, p.logits, targets, -1, 1.0f,
+                                   cluster ? &cfg : nullptr);
+    Tensor lh = Tensor::copy_of(losses.view(), Device::cpu());
+    Tensor dh = Tensor::copy_of(dl.view(), Device::cpu());
+    EXPECT_TRUE(std::isfinite(lh.ptr<float>()[0]));
+    EXPECT_TRUE(std::isnan(lh.ptr<float>()[1]));
+    EXPECT_TRUE(std::isnan(lh.ptr<float>()[2]));
+    EXPECT_TRUE(std::isfinite(lh.ptr<float>()[3]));
+    for (int64_t j = 0; j < V; ++j) {
+      ASSERT_TRUE(std::isfinite(bf16_to_f32(dh.ptr<uint16_t>()[j]))) << j;
+      ASSERT_TRUE(std::isnan(bf16_to_f32(dh.ptr<uint16_t>()[V + j]))) << j;
+      ASSERT_TRUE(std::isnan(bf16_to_f32(dh.ptr<uint16_t>()[2 * V + j]))) << j;
+      ASSERT_TRUE(std::isfinite(bf16_to_f32(dh.ptr<uint16_t>()[3 * V + j]))) << j;
+    }
   }
 }
 
@@ -233,10 +282,17 @@ TEST(CrossEntropyGpu, Perf) {
           [&] { ops_detail::cross_entropy_cuda(ctx, losses, &lg, lg, p.targets, -1, 1e-4f, &c); },
           bytes, 0, 2, 10);
       const bool is_def = c.threads == def.threads && c.min_blocks == def.min_blocks &&
-                          c.unroll == def.unroll && c.max_cache_bytes == def.max_cache_bytes;
-      std::printf("    %4d threads, %d blocks/SM, unroll %d, cache %3d KiB: %.4f ms%s\n", c.threads,
-                  c.min_blocks, c.unroll, c.max_cache_bytes >> 10, pc.ms,
-                  is_def ? " (default)" : "");
+                          c.unroll == def.unroll && c.cluster == def.cluster &&
+                          (c.cluster > 1 || c.max_cache_bytes == def.max_cache_bytes);
+      if (c.cluster > 1) {
+        std::printf("    %4d threads, %d blocks/SM, unroll %d, %d blocks per row: %.4f ms%s\n",
+                    c.threads, c.min_blocks, c.unroll, c.cluster, pc.ms,
+                    is_def ? " (default)" : "");
+      } else {
+        std::printf("    %4d threads, %d blocks/SM, unroll %d, cache %3d KiB: %.4f ms%s\n",
+                    c.threads, c.min_blocks, c.unroll, c.max_cache_bytes >> 10, pc.ms,
+                    is_def ? " (default)" : "");
+      }
     }
   }
 }
