@@ -89,6 +89,29 @@ __device__ __forceinline__ void absorb8(MaxSum& st, const uint4& u) {
   st = {m, s};
 }
 
+// Pass 1 over the row's body vectors xv[k0 .. k1) (THREADS threads, UNROLL 16-byte loads in
+// flight per thread): absorbed into st, and those below cache_end kept at cache[k − k0].
+template <int THREADS, int UNROLL>
+__device__ __forceinline__ void absorb_vectors(MaxSum& st, const uint4* xv, int k0, int k1,
+                                               uint4* cache, int cache_end) {
+  for (int kb = k0 + static_cast<int>(threadIdx.x); kb < k1; kb += UNROLL * THREADS) {
+    uint4 r[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int k = kb + u * THREADS;
+      if (k < k1) r[u] = xv[k];
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int k = kb + u * THREADS;
+      if (k < k1) {
+        if (k < cache_end) cache[k - k0] = r[u];
+        absorb8(st, r[u]);
+      }
+    }
+  }
+}
+
 // Elements before the first 16-byte boundary of a bf16 row starting at p (at most 7, at most v).
 __device__ __forceinline__ int head_elems(const uint16_t* p, int64_t v) {
   const int h = static_cast<int>(((16u - (reinterpret_cast<uintptr_t>(p) & 15u)) & 15u) >> 1);
@@ -183,22 +206,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   MaxSum st{-INFINITY, 0.0f};
   if (tid < h) absorb1(st, bf16_to_f32(x[tid]));
   if (tail0 + tid < V) absorb1(st, bf16_to_f32(x[tail0 + tid]));  // the tail: fewer than 8
-  for (int k0 = tid; k0 < nvec; k0 += UNROLL * THREADS) {
-    uint4 r[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int k = k0 + u * THREADS;
-      if (k < nvec) r[u] = xv[k];
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int k = k0 + u * THREADS;
-      if (k < nvec) {
-        if (k < cache_vecs) cache[k] = r[u];
-        absorb8(st, r[u]);
-      }
-    }
-  }
+  absorb_vectors<THREADS, UNROLL>(st, xv, 0, nvec, cache, cache_vecs);
   st = block_merge<kWarps>(st, red_m, red_s);
   if (tid == 0) {
     // loss = (m − x_t) + log s: no cancellation between a large logsumexp and x_t.
@@ -310,22 +318,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
     if (tid < h) absorb1(st, bf16_to_f32(x[tid]));
     if (tail0 + tid < V) absorb1(st, bf16_to_f32(x[tail0 + tid]));
   }
-  for (int k0 = v0 + tid; k0 < v1; k0 += UNROLL * THREADS) {
-    uint4 r[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int k = k0 + u * THREADS;
-      if (k < v1) r[u] = xv[k];
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int k = k0 + u * THREADS;
-      if (k < v1) {
-        cache[k - v0] = r[u];
-        absorb8(st, r[u]);
-      }
-    }
-  }
+  absorb_vectors<THREADS, UNROLL>(st, xv, v0, v1, cache, v1);
   st = block_merge<kWarps>(st, red_m, red_s);
   if (tid == 0) part[0] = st.m, part[1] = st.s;
   cluster.sync();  // every block's pair is published
