@@ -43,6 +43,9 @@ inline bool enabled() {
 template <typename... Params, typename... Args>
 void launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, unsigned cluster_x, Args&&... args) {
+  LOWBIT_CHECK(cluster_x >= 1 && grid.x % cluster_x == 0,
+               "launch: a grid of {} blocks along x is not a whole number of clusters of {}",
+               grid.x, cluster_x);
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
   if (cluster_x > 1) {

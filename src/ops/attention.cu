@@ -994,9 +994,8 @@ __device__ __forceinline__ void dkv_probs_and_grads(float (&st)[32], float (&dpt
 }
 
 // The dK/dV pass on warpgroup MMAs (Dh 64 and 128): one warpgroup owns 64 keys (warp w: keys
-// 16w..)
-// and streams 64-query tiles of every query head of its group, as attn_bwd_dkv_kernel<64, 4,
-// 64, 1> does. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ read K, V, Q and dO straight from the swizzled shared
+// 16w..) and streams 64-query tiles of every query head of its group, as attn_bwd_dkv_kernel<Dh,
+// 4, 64, 1> does. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ read K, V, Q and dO straight from the swizzled shared
 // tiles (all K-major); dV += Pᵀ·dO and dK += dSᵀ·Q take Pᵀ, dSᵀ from registers and dO, Q as
 // N-major shared operands (Dh 128: products over Dh sum the two 64-column panels, products
 // into Dh run per panel). The per-element softmax math is attn_bwd_dkv_kernel's.
@@ -1645,12 +1644,7 @@ CudaTiles default_tiles(int dh) {
 }
 
 std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
-  std::vector<CudaTiles> out;
-  {
-    CudaTiles t = default_tiles(dh);
-    t.fwd_wgmma = true;
-    out.push_back(t);
-  }
+  std::vector<CudaTiles> out = {default_tiles(dh)};  // the wgmma forward
   for (const Variant& f : fwd_variants(dh)) {
     CudaTiles t = default_tiles(dh);
     t.fwd_wgmma = false;
@@ -1662,14 +1656,12 @@ std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
 
 std::vector<CudaTiles> candidate_bwd_tiles(int dh) {
   std::vector<CudaTiles> out;
-  {
-    for (bool dq_w : {false, true}) {
-      CudaTiles t = default_tiles(dh);
-      t.dkv_wgmma = true;
-      t.dq_wgmma = dq_w;
-      t.dq_from_ds = false;
-      out.push_back(t);
-    }
+  for (bool dq_w : {false, true}) {  // the wgmma dK/dV pass with either dQ pass
+    CudaTiles t = default_tiles(dh);
+    t.dkv_wgmma = true;
+    t.dq_wgmma = dq_w;
+    t.dq_from_ds = false;
+    out.push_back(t);
   }
   {
     CudaTiles t = default_tiles(dh);

@@ -7,10 +7,11 @@
 // which writes dx = grad_scale · (exp(x − m) / s − onehot), reads it from there instead of HBM; the
 // rest of a longer row is read again (mostly from L2).
 //
-// Rows longer than a block's shared memory (the 256 KB rows of a 128256-token vocabulary) run on
-// a cluster of blocks instead (cross_entropy_cluster_kernel): each block holds its slice of the
-// row from pass 1 to pass 2, the blocks' (m, s) pairs are merged through distributed shared
-// memory, and the row is read from HBM exactly once.
+// cross_entropy_cluster_kernel, a candidate for rows longer than a block's shared memory (the
+// 256 KB rows of a 128256-token vocabulary; not the default, see cross_entropy_default_config),
+// runs a row on a cluster of blocks: each block holds its slice of the row from pass 1 to pass 2,
+// the blocks' (m, s) pairs are merged through distributed shared memory, and the row is read from
+// HBM exactly once.
 //
 // Rows of odd V are not 16-byte aligned: each row is split into a scalar head (up to the first
 // 16-byte boundary), a vector body and a scalar tail. exp is ex2.approx of (x − m)·log2(e), a few
@@ -334,6 +335,7 @@ __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
   }
   // This block is done reading the others' shared memory (the matching wait is at the end: a
   // block's shared memory must outlive the reads of its pair).
+  __syncwarp();
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
   __syncthreads();
 
@@ -395,7 +397,7 @@ const CeVariant kClusterVariants[] = {
 
 const CeVariant* find_cluster_variant(const CeConfig& c) {
   for (const CeVariant& v : kClusterVariants) {
-    if (v.threads == c.threads && v.unroll == c.unroll) return &v;
+    if (v.threads == c.threads && v.min_blocks == c.min_blocks && v.unroll == c.unroll) return &v;
   }
   return nullptr;
 }
@@ -442,6 +444,33 @@ std::vector<CeConfig> cross_entropy_candidates() {
   return out;
 }
 
+namespace {
+
+// Body vectors per block of a cluster row (the body has at most V / 8 vectors, fewer when the row
+// starts off a 16-byte boundary).
+int cluster_slice_vectors(const CeConfig& c, int64_t V) {
+  return static_cast<int>((V / 8 + c.cluster - 1) / c.cluster);
+}
+
+}  // namespace
+
+bool cross_entropy_runs_on_clusters(const CeConfig& c, const TensorView& logits,
+                                    const TensorView* dlogits) {
+  if (c.cluster <= 1) return false;
+  LOWBIT_CHECK(c.cluster <= 8 && find_cluster_variant(c) != nullptr,
+               "cross_entropy: no cluster kernel for {} threads, {} blocks per SM, unroll {}, {} "
+               "blocks per row",
+               c.threads, c.min_blocks, c.unroll, c.cluster);
+  const int64_t n = logits.size(0), V = logits.size(1);
+  // Each block's slice within 200 KiB of shared memory, the grid within 2^31 − 1 blocks, and
+  // dlogits with the alignment of logits (the same 16-byte vectors).
+  return dlogits != nullptr && int64_t(cluster_slice_vectors(c, V)) * 16 <= (200 << 10) &&
+         n * c.cluster <= INT32_MAX &&
+         ((reinterpret_cast<uintptr_t>(dlogits->ptr<uint16_t>()) ^
+           reinterpret_cast<uintptr_t>(logits.ptr<const uint16_t>())) &
+          15u) == 0;
+}
+
 void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView* dlogits,
                         const TensorView& logits, const TensorView& targets, int ignore_index,
                         float grad_scale, const CeConfig* config) {
@@ -450,19 +479,10 @@ void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView
                V);
   const CeConfig asked = config ? *config : cross_entropy_default_config(V);
   const uint16_t* x = logits.ptr<const uint16_t>();
-  // Cluster kernel: each block's slice (the body has at most V / 8 vectors, fewer when the row
-  // starts off a 16-byte boundary) in at most 200 KiB of shared memory.
-  const int per =
-      asked.cluster > 1 ? static_cast<int>((V / 8 + asked.cluster - 1) / asked.cluster) : 0;
-  if (asked.cluster > 1 && dlogits != nullptr && int64_t(per) * 16 <= (200 << 10) &&
-      n * asked.cluster <= INT32_MAX &&
-      ((reinterpret_cast<uintptr_t>(dlogits->ptr<uint16_t>()) ^ reinterpret_cast<uintptr_t>(x)) &
-       15u) == 0) {
+  if (cross_entropy_runs_on_clusters(asked, logits, dlogits)) {
     const CeConfig& c = asked;
     const CeVariant* var = find_cluster_variant(c);
-    LOWBIT_CHECK(var != nullptr && c.cluster <= 8,
-                 "cross_entropy: no cluster kernel for {} threads, unroll {}, {} blocks per row",
-                 c.threads, c.unroll, c.cluster);
+    const int per = cluster_slice_vectors(c, V);
     const size_t smem = static_cast<size_t>(per) * 16;
     ops_cuda::allow_dynamic_smem(var->fn, smem);
     pdl::launch_clustered(var->fn, static_cast<unsigned>(n * c.cluster), c.threads, smem,
@@ -472,8 +492,10 @@ void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView
     LOWBIT_CUDA_CHECK_LAUNCH();
     return;
   }
-  // The one-block kernel (cluster ≤ 1; or no dlogits, dlogits aligned otherwise, rows too long).
-  const CeConfig c = asked.cluster > 1 ? CeConfig{512, 3, 4, 64 << 10} : asked;
+  // The one-block kernel (cluster ≤ 1; or no dlogits, dlogits aligned otherwise, rows too long:
+  // then the one-block kernel of the same threads).
+  const CeConfig c =
+      asked.cluster > 1 ? CeConfig{asked.threads, asked.min_blocks, asked.unroll, 64 << 10} : asked;
   const CeVariant* var = find_variant(c);
   LOWBIT_CHECK(var != nullptr, "cross_entropy: no kernel for {} threads, {} blocks, unroll {}",
                c.threads, c.min_blocks, c.unroll);

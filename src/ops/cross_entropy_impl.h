@@ -34,9 +34,9 @@ struct CeConfig {
   int min_blocks = 2;               // __launch_bounds__ minimum blocks per SM (caps the registers)
   int unroll = 4;                   // 16-byte loads in flight per thread
   int max_cache_bytes = 100 << 10;  // shared memory per block caching the row for pass 2
-  // > 1: a row per cluster of `cluster` blocks, each holding its 1/cluster of the row in shared
-  // memory (max_cache_bytes unused), with dlogits aligned like logits; otherwise (no dlogits,
-  // another alignment) the one-block kernel with the same threads.
+  // > 1: a row per cluster of `cluster` (≤ 8) blocks, each holding its 1/cluster of the row in
+  // shared memory (max_cache_bytes unused), when cross_entropy_runs_on_clusters says so;
+  // otherwise the one-block kernel with the same threads, blocks per SM and unroll.
   int cluster = 0;
 };
 // What cross_entropy_fwd_bwd uses for a vocabulary of V.
@@ -46,6 +46,11 @@ CeConfig cross_entropy_default_config(int64_t V);
 CeConfig cross_entropy_cluster_config(int64_t V);
 // Every compiled combination, for the benchmark sweep (the defaults are among them).
 std::vector<CeConfig> cross_entropy_candidates();
+// Whether cross_entropy_cuda runs config c on the cluster kernel for these operands: c.cluster >
+// 1, dlogits given with the 16-byte alignment of logits, slices within 200 KiB of shared memory.
+// A cluster config that names no compiled cluster kernel is an error.
+bool cross_entropy_runs_on_clusters(const CeConfig& c, const TensorView& logits,
+                                    const TensorView* dlogits);
 // `config` overrides the default (must be one of the candidates).
 void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView* dlogits,
                         const TensorView& logits, const TensorView& targets, int ignore_index,

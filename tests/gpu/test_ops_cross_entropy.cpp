@@ -123,6 +123,8 @@ TEST(CrossEntropyGpu, ClusterKernelMatchesCpuTwin) {
           c.run = [cfg, in_place](Context& ctx, const Args& a) {
             const TensorView dl = in_place ? a["logits"] : a["dlogits"];
             if (ctx.on_gpu()) {
+              // Not a silent fallback to the one-block kernel.
+              EXPECT_TRUE(ops_detail::cross_entropy_runs_on_clusters(cfg, a["logits"], &dl));
               ops_detail::cross_entropy_cuda(ctx, a["losses"], &dl, a["logits"], a["targets"], -1,
                                              1.0f / 4096, &cfg);
             } else {
@@ -177,6 +179,10 @@ TEST(CrossEntropyGpu, InPlaceOutOfPlaceAndRepeatedRunsGiveTheSameBits) {
       Tensor l2 = Tensor::empty({s.n}, DType::kF32, ctx.device());
       Tensor l3 = Tensor::empty({s.n}, DType::kF32, ctx.device());
       const TensorView d1v = d1.view(), d2v = d2.view(), lgv = p.logits.view();
+      if (cfg != nullptr) {
+        EXPECT_TRUE(ops_detail::cross_entropy_runs_on_clusters(*cfg, lgv, &d1v));
+        EXPECT_TRUE(ops_detail::cross_entropy_runs_on_clusters(*cfg, lgv, &lgv));
+      }
       ops_detail::cross_entropy_cuda(ctx, l1, &d1v, p.logits, p.targets, -1, 0.25f, cfg);
       ops_detail::cross_entropy_cuda(ctx, l2, &d2v, p.logits, p.targets, -1, 0.25f, cfg);
       // In place.
@@ -232,6 +238,7 @@ TEST(CrossEntropyGpu, BadTargetGivesNanRow) {
     Tensor dl = Tensor::empty({n, V}, DType::kBF16, ctx.device());
     const TensorView dlv = dl.view();
     const ops_detail::CeConfig cfg = ops_detail::cross_entropy_cluster_config(V);
+    if (cluster) EXPECT_TRUE(ops_detail::cross_entropy_runs_on_clusters(cfg, p.logits, &dlv));
     ops_detail::cross_entropy_cuda(ctx, losses, &dlv, p.logits, targets, -1, 1.0f,
                                    cluster ? &cfg : nullptr);
     Tensor lh = Tensor::copy_of(losses.view(), Device::cpu());
