@@ -55,16 +55,23 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   std::vector<Context::HostCopy> reads = {{norm_.view(), &norm}, {skip_.view(), &skip}};
   std::vector<std::vector<float>> losses(stats.size());
   std::vector<std::vector<int32_t>> targets(stats.size());
+  std::vector<const int32_t*> target_ids(stats.size());
   for (size_t i = 0; i < stats.size(); ++i) {
     losses[i].resize(static_cast<size_t>(stats[i].losses.numel()));
-    targets[i].resize(static_cast<size_t>(stats[i].targets.numel()));
     reads.push_back({stats[i].losses.view(), losses[i].data()});
-    reads.push_back({stats[i].targets.view(), targets[i].data()});
+    if (micro[i].targets.device.is_cpu()) {
+      // The caller's host targets (contiguous, checked by the model): nothing to read back.
+      target_ids[i] = micro[i].targets.ptr<const int32_t>();
+    } else {
+      targets[i].resize(static_cast<size_t>(stats[i].targets.numel()));
+      reads.push_back({stats[i].targets.view(), targets[i].data()});
+      target_ids[i] = targets[i].data();
+    }
   }
   ctx_.read_back(reads);
   double loss_sum = 0;
   for (size_t i = 0; i < stats.size(); ++i) {
-    stats[i].add_losses(losses[i].data(), targets[i].data(), stats[i].losses.numel());
+    stats[i].add_losses(losses[i].data(), target_ids[i], stats[i].losses.numel());
     loss_sum += stats[i].loss_sum;
   }
   out.loss = loss_sum / double(std::max<int64_t>(out.valid, 1));
