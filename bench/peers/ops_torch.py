@@ -299,14 +299,16 @@ def bench_attention(rec):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--presets", default="124m,1b")
+    ap.add_argument("--presets", default="124m,1b",
+                    help="comma-separated 124m, 1b; none: the copy and attention rows only")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--json-out", default="")
     args = ap.parse_args()
-    for p in args.presets.split(","):
+    presets = [] if args.presets == "none" else args.presets.split(",")
+    for p in presets:
         if p not in PRESETS:
-            sys.exit(f"--presets: unknown preset '{p}' (124m, 1b)")
+            sys.exit(f"--presets: unknown preset '{p}' (124m, 1b, or none)")
     if not torch.cuda.is_available():
         sys.exit("ops_torch.py needs a CUDA GPU; none was found")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -329,7 +331,7 @@ def main():
     r = rec.row("torch", "copy (d2d)", "device", "1 GiB", mk_copy, 2.0 * n)
     rec.copy_gbps = r["gbps"] or 0.0
     torch.cuda.empty_cache()
-    for name in args.presets.split(","):
+    for name in presets:
         bench_preset(rec, name, modes)
         torch.cuda.empty_cache()
     bench_attention(rec)

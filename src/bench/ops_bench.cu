@@ -523,6 +523,7 @@ void bench_attention(Context& ctx, Recorder& rec) {
 
 std::vector<OpsBenchPreset> ops_bench_presets(const std::string& csv) {
   std::vector<OpsBenchPreset> out;
+  if (csv == "none") return out;  // the copy and attention rows only
   size_t i = 0;
   while (i <= csv.size()) {
     size_t j = csv.find(',', i);
@@ -533,11 +534,11 @@ std::vector<OpsBenchPreset> ops_bench_presets(const std::string& csv) {
     } else if (p == "1b") {
       out.push_back({"1b", 8, 2048, 128256});
     } else if (!p.empty()) {
-      throw UserError(fmt::format("--presets: unknown preset '{}' (124m, 1b)", p));
+      throw UserError(fmt::format("--presets: unknown preset '{}' (124m, 1b, or none)", p));
     }
     i = j + 1;
   }
-  LOWBIT_USER_CHECK(!out.empty(), "--presets: no preset given");
+  LOWBIT_USER_CHECK(!out.empty(), "--presets: no preset given (124m, 1b, or none)");
   return out;
 }
 

@@ -409,7 +409,10 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       "ops",
       "Time of every transformer op (embedding, rmsnorm, rope, swiglu, add, cross-entropy, "
       "adamw, grad norm, attention) at the presets' shapes, GB/s against the copy bandwidth");
-  ops_cmd->add_option("--presets", o->presets, "Comma-separated: 124m, 1b")->capture_default_str();
+  ops_cmd
+      ->add_option("--presets", o->presets,
+                   "Comma-separated: 124m, 1b; none: the copy and attention rows only")
+      ->capture_default_str();
   ops_cmd->add_option("--iters", o->iters, "Timed samples per row (median reported)")
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();

@@ -2,9 +2,11 @@
 // MMA, fp32 accumulation, online softmax, no T×T matrix in memory) for sm_90a.
 //
 // Kernels (one (batch, head) pair and one tile of rows per block, 16 rows per warp; by default
-// the forward and both backward passes run attn_fwd_wgmma_kernel, attn_bwd_dkv_wgmma_kernel and
-// attn_bwd_dq_wgmma_kernel, warpgroup-MMA versions of the kernels below with 64-row tiles, for
-// Dh 64 and 128; the mma.sync kernels remain as tile variants):
+// the forward and both backward passes run attn_fwd_wgmma_tma_kernel, attn_bwd_dkv_wgmma_kernel
+// and attn_bwd_dq_wgmma_kernel, warpgroup-MMA versions of the kernels below with 64-row tiles,
+// for Dh 64 and 128 — the forward with its tiles loaded by the TMA unit, attn_fwd_wgmma_kernel
+// (cp.async) where no tensor map can describe the inputs; the mma.sync kernels remain as tile
+// variants):
 //  * attn_fwd_kernel       a tile of 16·W queries; streams key/value tiles of Bc keys up to the
 //                          diagonal: S = Q·Kᵀ, online softmax, O += P·V; writes out and lse.
 //  * attn_bwd_prep_kernel  D = rowsum(dO ∘ O) and lse·log2(e) per query, into the workspace.
@@ -44,6 +46,8 @@
 #include "lowbit/core/cuda_check.h"
 #include "ops/attention_impl.h"
 #include "ops/quant_epilogue.cuh"
+#include "ops/tma.cuh"
+#include "ops/tma.h"
 #include "ops/wgmma.cuh"
 
 namespace lowbit::attn {
@@ -504,6 +508,45 @@ __global__ void __launch_bounds__(kWarps * 32) attn_fwd_kernel(const FwdParams p
   }
 }
 
+// Online softmax of one S tile in place (attn_fwd_kernel's arithmetic): s becomes the
+// fp32 P = 2^(scale_log2·(s − m_new)), m the new row maxima of the thread's two rows, l the
+// rescaled sums plus this tile's, and alpha the factor that rescales the old O.
+__device__ __forceinline__ void online_softmax_tile(float (&s)[32], float (&m)[2], float (&l)[2],
+                                                    float (&alpha)[2], float scale_log2) {
+  float neg_ms[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = m[r];
+#pragma unroll
+    for (int jb = 0; jb < 8; ++jb) mx = fmaxf(mx, fmaxf(s[4 * jb + 2 * r], s[4 * jb + 2 * r + 1]));
+    mx = quad_max(mx);
+    const float ms = mx == -INFINITY ? 0.0f : mx * scale_log2;
+    alpha[r] = fast_exp2(m[r] * scale_log2 - ms);
+    m[r] = mx;
+    neg_ms[r] = -ms;
+  }
+  float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int r = (i >> 1) & 1;
+    s[i] = fast_exp2(fmaf(s[i], scale_log2, neg_ms[r]));
+    rs[r] += s[i];
+  }
+  l[0] = l[0] * alpha[0] + rs[0];
+  l[1] = l[1] * alpha[1] + rs[1];
+}
+
+// Keys after the query get −inf (a [64 queries, 64 keys] accumulator tile from key k0; rows
+// r_lo, r_lo + 8 of the thread, its first column c2).
+__device__ __forceinline__ void mask_causal_tile(float (&s)[32], int k0, int r_lo, int c2) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int key = k0 + 8 * (i >> 2) + c2 + (i & 1);
+    const int row = r_lo + ((i >> 1) & 1) * 8;
+    if (key > row) s[i] = -INFINITY;
+  }
+}
+
 // The forward on warpgroup MMAs (Dh 64 and 128): one warpgroup per block owns 64 queries and
 // streams 64-key tiles. S = Q·Kᵀ reads Q and K straight from the swizzled shared tiles (no
 // ldmatrix; Dh 128 sums the products of the two 64-column panels);
@@ -565,36 +608,10 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
     wgmma::commit();
     wgmma::wait<0>();
     const int k0 = j * kB;
-    if (k0 + kB - 1 > q0) {  // the diagonal tile: keys after the query (and ≥ T) masked
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int key = k0 + 8 * (i >> 2) + c2 + (i & 1);
-        const int row = r_lo + ((i >> 1) & 1) * 8;
-        if (key > row) s[i] = -INFINITY;
-      }
-    }
-    float alpha[2], neg_ms[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-#pragma unroll
-      for (int jb = 0; jb < 8; ++jb)
-        mx = fmaxf(mx, fmaxf(s[4 * jb + 2 * r], s[4 * jb + 2 * r + 1]));
-      mx = quad_max(mx);
-      const float ms = mx == -INFINITY ? 0.0f : mx * p.scale_log2;
-      alpha[r] = fast_exp2(m[r] * p.scale_log2 - ms);
-      m[r] = mx;
-      neg_ms[r] = -ms;
-    }
-    float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int r = (i >> 1) & 1;
-      s[i] = fast_exp2(fmaf(s[i], p.scale_log2, neg_ms[r]));
-      rs[r] += s[i];
-    }
-    l[0] = l[0] * alpha[0] + rs[0];
-    l[1] = l[1] * alpha[1] + rs[1];
+    // The diagonal tile: keys after the query (and ≥ T) masked.
+    if (k0 + kB - 1 > q0) mask_causal_tile(s, k0, r_lo, c2);
+    float alpha[2];
+    online_softmax_tile(s, m, l, alpha, p.scale_log2);
 #pragma unroll
     for (int pn = 0; pn < kPanels; ++pn) {
 #pragma unroll
@@ -609,6 +626,135 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
     wgmma::commit();
     wgmma::wait<0>();
     __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration j + 1
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float lsum = quad_sum(l[r]);
+    const int row = r_lo + 8 * r;
+    if (row >= T) continue;
+    const float inv = 1.0f / lsum;
+    uint16_t* orow = p.out + b * p.o_sb + row * p.o_st + h * p.o_sh + c2;
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) store_acc_row_bf16(orow + 64 * pn, o[pn], r, inv);
+    if ((lane & 3) == 0) p.lse[static_cast<int64_t>(bh) * T + row] = m[r] * p.scale + logf(lsum);
+  }
+}
+
+// The tensor maps of the TMA forward (tma::make_bthd_map): boxes of 64 positions × 64 channels.
+struct FwdMaps {
+  CUtensorMap q;  // over q [B, T, H, Dh]
+  CUtensorMap k;  // over k [B, T, Hkv, Dh]
+  CUtensorMap v;  // over v [B, T, Hkv, Dh]
+};
+
+// attn_fwd_wgmma_kernel with its tiles brought in by the TMA unit: thread 0 issues one bulk
+// tensor copy per 64-column panel (the copy writes the 128-byte swizzle itself and zero-fills
+// rows ≥ T), and every thread waits on the tile's mbarrier, instead of 128 threads issuing
+// 16-byte cp.async chunks with their own address arithmetic (a fifth of the loop's
+// instructions). K and V have one stage each, with a barrier each: K_{j+1} loads while the
+// softmax and P_j·V_j run, V_{j+1} while S_{j+1} runs. The kernel is latency-bound (a chain of
+// products and softmax per warpgroup), and the single stages halve its shared memory, so twice
+// as many blocks share an SM (3 or 4 instead of 2; registers cap Dh 128 at 3) and hide each
+// other's latencies.
+// O is rescaled only in rows whose maximum moved (alpha ≠ 1; multiplying by 1 changes nothing,
+// so the results are the same bits). Same arithmetic otherwise.
+// Shared: Q | K | V ([64, Dh] each, panel layout, 1024-aligned) | 2 mbarriers (K, V).
+template <int kDh>
+__global__ void __launch_bounds__(128, kDh == 64 ? 4 : 3)
+    attn_fwd_wgmma_tma_kernel(const FwdParams p, const __grid_constant__ FwdMaps maps) {
+  pdl::grid_sync();
+  constexpr int kB = 64, kPanels = kDh / 64;
+  constexpr int kTile = kB * kDh * 2, kPanel = kB * 128;  // bytes
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
+  const uint32_t sQ = base, sK = base + kTile, sV = base + 2 * kTile;
+  const uint32_t bar_k = base + 3 * kTile, bar_v = bar_k + 8;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const QueryTile qtile = query_tile<kB, kB>(p);
+  const int bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, n_kt = qtile.n_kt, T = p.T;
+  const int hkv = h / p.group;
+  // Thread 0: the [64, Dh] tile of `map` at (head, position) into `dst`, counted on `bar`.
+  auto load = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int head, int pos) {
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      tma::load_4d(dst + pn * kPanel, map, bar, 64 * pn, head, pos, b);
+    }
+  };
+  if (tid == 0) {
+    tma::mbar_init(bar_k, 1);
+    tma::mbar_init(bar_v, 1);
+    tma::fence_mbar_init();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    tma::mbar_arrive_expect_tx(bar_k, 2 * kTile);  // Q and K_0
+    load(sQ, &maps.q, bar_k, h, q0);
+    load(sK, &maps.k, bar_k, hkv, 0);
+    tma::mbar_arrive_expect_tx(bar_v, kTile);
+    load(sV, &maps.v, bar_v, hkv, 0);
+  }
+
+  const int r_lo = q0 + warp * 16 + (lane >> 2);  // rows r_lo and r_lo + 8
+  const int c2 = 2 * (lane & 3);
+  // O [64, Dh], panel pn: columns 64pn + 8j + c2 (+1) of rows r_lo (o[pn][4j], o[pn][4j+1]) and
+  // r_lo + 8 (o[pn][4j+2], o[pn][4j+3]).
+  float o[kPanels][32];
+#pragma unroll
+  for (int pn = 0; pn < kPanels; ++pn) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[pn][i] = 0.0f;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  // Low descriptor words of the tiles (wgmma::desc_lo).
+  const uint32_t q_lo = wgmma::desc_lo(sQ, 16), k_lo = wgmma::desc_lo(sK, 16);
+  const uint32_t v_lo = wgmma::desc_lo(sV, 8192);
+
+  for (int j = 0; j < n_kt; ++j) {
+    const bool more = j + 1 < n_kt;
+    tma::mbar_wait(bar_k, j & 1);  // K_j (and Q)
+    float s[32];
+    wgmma::fence();
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      wgmma::issue_kmajor_64_lo(s, q_lo + pn * (kPanel >> 4), k_lo + pn * (kPanel >> 4),
+                                /*overwrite=*/pn == 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    __syncthreads();  // every warp is done with K_j: its stage takes K_{j+1}
+    if (tid == 0 && more) {
+      tma::mbar_arrive_expect_tx(bar_k, kTile);
+      load(sK, &maps.k, bar_k, hkv, (j + 1) * kB);
+    }
+    const int k0 = j * kB;
+    if (k0 + kB - 1 > q0) mask_causal_tile(s, k0, r_lo, c2);
+    float alpha[2];
+    online_softmax_tile(s, m, l, alpha, p.scale_log2);
+    if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
+#pragma unroll
+      for (int pn = 0; pn < kPanels; ++pn) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) o[pn][i] *= alpha[(i >> 1) & 1];
+      }
+    }
+    // O += P·V, P rounded to bf16 (the sum l keeps the fp32 values).
+    uint32_t pa[4][4];
+    acc_to_a_bf16(s, pa);
+    tma::mbar_wait(bar_v, j & 1);  // V_j
+    wgmma::fence();
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+      wgmma::issue_rs_nmajor_64_lo(o[pn], pa, v_lo + pn * (kPanel >> 4));
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    __syncthreads();  // every warp is done with V_j: its stage takes V_{j+1}
+    if (tid == 0 && more) {
+      tma::mbar_arrive_expect_tx(bar_v, kTile);
+      load(sV, &maps.v, bar_v, hkv, (j + 1) * kB);
+    }
   }
 
 #pragma unroll
@@ -1489,6 +1635,17 @@ void launch_fwd_wgmma(const FwdParams& p, int B, cudaStream_t stream) {
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
+template <int kDh>
+void launch_fwd_wgmma_tma(const FwdParams& p, const FwdMaps& maps, int B, cudaStream_t stream) {
+  // Q, K, V and their two mbarriers; + room to align the tiles to 1024 bytes.
+  const size_t smem = 3 * (64 * kDh * 2) + 16 + 1024;
+  auto kernel = attn_fwd_wgmma_tma_kernel<kDh>;
+  set_smem(kernel, smem);
+  const dim3 grid(tiles_of(p.T, 64), B * p.H);
+  pdl::launch(kernel, grid, 128, smem, stream, p, maps);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
 template <int kDh, int kWarps, int kBr, int kMt, bool kStoreDs = false>
 void launch_dkv(const BwdParams& p, int B, cudaStream_t stream) {
   constexpr int kBc = 16 * kMt * kWarps;
@@ -1629,6 +1786,7 @@ CudaTiles default_tiles(int dh) {
   CudaTiles t;
   t.dq_from_ds = false;
   t.fwd_wgmma = true;
+  t.fwd_tma = true;
   t.dkv_wgmma = true;
   t.dq_wgmma = true;
   if (dh == 64) {
@@ -1644,7 +1802,12 @@ CudaTiles default_tiles(int dh) {
 }
 
 std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
-  std::vector<CudaTiles> out = {default_tiles(dh)};  // the wgmma forward
+  std::vector<CudaTiles> out = {default_tiles(dh)};
+  {  // the wgmma forward with cp.async loads
+    CudaTiles t = default_tiles(dh);
+    t.fwd_tma = false;
+    out.push_back(t);
+  }
   for (const Variant& f : fwd_variants(dh)) {
     CudaTiles t = default_tiles(dh);
     t.fwd_wgmma = false;
@@ -1702,6 +1865,16 @@ void attention_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& l
   p.T = static_cast<int>(T), p.H = static_cast<int>(H), p.group = static_cast<int>(H / Hkv);
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;
+  if (t.fwd_tma) {
+    FwdMaps maps;
+    if (tma::make_bthd_map(&maps.q, p.q, B, T, H, dh, p.q_sb, p.q_st, p.q_sh) &&
+        tma::make_bthd_map(&maps.k, p.k, B, T, Hkv, dh, p.k_sb, p.k_st, p.k_sh) &&
+        tma::make_bthd_map(&maps.v, p.v, B, T, Hkv, dh, p.v_sb, p.v_st, p.v_sh)) {
+      if (dh == 64) return launch_fwd_wgmma_tma<64>(p, maps, static_cast<int>(B), ctx.stream());
+      return launch_fwd_wgmma_tma<128>(p, maps, static_cast<int>(B), ctx.stream());
+    }
+    // No TMA for these tensors: the cp.async kernel below.
+  }
   if (t.fwd_wgmma) {
     if (dh == 64) return launch_fwd_wgmma<64>(p, static_cast<int>(B), ctx.stream());
     return launch_fwd_wgmma<128>(p, static_cast<int>(B), ctx.stream());

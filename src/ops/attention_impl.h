@@ -33,8 +33,11 @@ struct CudaTiles {
   // The dK/dV pass (4 warps, 64×64 tiles) also writes the bf16 dSᵀ tiles, and dQ = dS·K is one
   // product over them (the dq_* fields are unused); else the dQ pass recomputes S and dP.
   bool dq_from_ds = false;
-  // Dh 64: the forward on warpgroup MMAs (attn_fwd_wgmma_kernel); the fwd_* fields are unused.
+  // The forward on warpgroup MMAs (attn_fwd_wgmma_kernel); the fwd_* fields are unused.
   bool fwd_wgmma = false;
+  // The forward on warpgroup MMAs with TMA tile loads (attn_fwd_wgmma_tma_kernel); takes
+  // precedence over fwd_wgmma where the tensors allow a tensor map (else fwd_wgmma applies).
+  bool fwd_tma = false;
   // Dh 64: the dK/dV pass on warpgroup MMAs (attn_bwd_dkv_wgmma_kernel); dkv_* fields unused.
   bool dkv_wgmma = false;
   // Dh 64: the dQ pass on warpgroup MMAs (attn_bwd_dq_wgmma_kernel); dq_* fields unused.

@@ -38,6 +38,22 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo_
   return d;
 }
 
+// The descriptor split in two 32-bit words. The high word (stride-dimension byte offset 1024,
+// 128B swizzle) is the same for every tile of these kernels; the low word holds the start
+// address >> 4 (bits 0-13) and the leading-dimension byte offset >> 4 (bits 16-29). Shared
+// addresses are below 256 KiB, so the address field of a tile's descriptor plus (offset >> 4)
+// is the field of the address plus offset: a kernel computes desc_lo once per tile base and
+// reaches sub-tiles with one integer add, instead of a shift, mask and or per product.
+constexpr uint32_t kDescHi = (1024u >> 4) | (1u << 30);
+
+__device__ __forceinline__ uint32_t desc_lo(uint32_t smem_addr, uint32_t lbo_bytes) {
+  return ((smem_addr >> 4) & 0x3FFFu) | ((lbo_bytes >> 4) << 16);
+}
+
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo) {
+  return (static_cast<uint64_t>(kDescHi) << 32) | lo;
+}
+
 // Generic-proxy writes to shared memory (st.shared, cp.async) made visible to wgmma's reads.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -96,23 +112,34 @@ __device__ __forceinline__ void mma_m64n64k16_rs(float (&d)[32], const uint32_t 
 // Issues d (+)= A·Bᵀ over k = 0 .. 63 for 64×64 bf16 tiles A [m][k] and B [n][k] (K-major, 128B
 // swizzle) at shared addresses a and b: four m64n64k16 products (between fence() and commit()).
 // overwrite: d = A·Bᵀ (the first product ignores d's old values, so d need not be zeroed).
-__device__ __forceinline__ void issue_kmajor_64(float (&d)[32], uint32_t a, uint32_t b,
-                                                bool overwrite = false) {
+// a_lo, b_lo: desc_lo(a, 16), desc_lo(b, 16).
+__device__ __forceinline__ void issue_kmajor_64_lo(float (&d)[32], uint32_t a_lo, uint32_t b_lo,
+                                                   bool overwrite = false) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes along each 128-byte row
-    mma_m64n64k16<0>(d, desc_sw128(a + 32 * kk, 16, 1024), desc_sw128(b + 32 * kk, 16, 1024),
-                     kk > 0 || !overwrite);
+    mma_m64n64k16<0>(d, desc_of(a_lo + 2 * kk), desc_of(b_lo + 2 * kk), kk > 0 || !overwrite);
   }
+}
+
+__device__ __forceinline__ void issue_kmajor_64(float (&d)[32], uint32_t a, uint32_t b,
+                                                bool overwrite = false) {
+  issue_kmajor_64_lo(d, desc_lo(a, 16), desc_lo(b, 16), overwrite);
 }
 
 // Issues d (+)= A·B over k = 0 .. 63 with A from registers (a[kp]: k = 16kp .., the layout of
 // mma_m64n64k16_rs) and B [k][n] a 64×64 N-major tile at shared address b.
+// b_lo: desc_lo(b, 8192).
+__device__ __forceinline__ void issue_rs_nmajor_64_lo(float (&d)[32], const uint32_t (&a)[4][4],
+                                                      uint32_t b_lo) {
+#pragma unroll
+  for (int kp = 0; kp < 4; ++kp) {  // 16 rows of 128 bytes (2048 bytes) down the tile
+    mma_m64n64k16_rs<1>(d, a[kp], desc_of(b_lo + 128 * kp), 1);
+  }
+}
+
 __device__ __forceinline__ void issue_rs_nmajor_64(float (&d)[32], const uint32_t (&a)[4][4],
                                                    uint32_t b) {
-#pragma unroll
-  for (int kp = 0; kp < 4; ++kp) {  // 16 rows of 128 bytes down the tile
-    mma_m64n64k16_rs<1>(d, a[kp], desc_sw128(b + 2048 * kp, 8192, 1024), 1);
-  }
+  issue_rs_nmajor_64_lo(d, a, desc_lo(b, 8192));
 }
 
 }  // namespace lowbit::wgmma

@@ -253,7 +253,7 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
     Tensor out_in = upload(cpu.out, qs, DType::kBF16), lse_in = upload(cpu.lse, ls, DType::kF32);
     const float scale = static_cast<float>(d.dims.scale);
     for (const attn::CudaTiles& t : attn::candidate_fwd_tiles(static_cast<int>(Dh))) {
-      SCOPED_TRACE(t.fwd_wgmma ? std::string("fwd wgmma")
+      SCOPED_TRACE(t.fwd_wgmma ? std::string(t.fwd_tma ? "fwd wgmma, TMA loads" : "fwd wgmma")
                                : fmt::format("fwd {} warps x {} m-tiles, {}-key tiles", t.fwd_warps,
                                              t.fwd_mt, t.fwd_bc));
       Tensor out = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
@@ -278,6 +278,65 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
       EXPECT_TRUE(within_bounds("dq", qs, down(dq), bcpu.dq, bref.dq_bound));
       EXPECT_TRUE(within_bounds("dk", ks, down(dk), bcpu.dk, bref.dk_bound));
       EXPECT_TRUE(within_bounds("dv", ks, down(dv), bcpu.dv, bref.dv_bound));
+    }
+  }
+}
+
+// The TMA forward (the default) and the cp.async wgmma forward do the same arithmetic on the
+// same tiles, so they give the same bits: over lengths that end inside a tile, grouped heads,
+// views into a fused qkv row, and a [B, H, T, Dh] buffer seen as [B, T, H, Dh], for which no
+// tensor map is made and the cp.async kernel runs.
+TEST(AttentionGpu, TmaForwardGivesTheCpAsyncBits) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  Context ctx(Device::cuda(0));
+  for (int64_t Dh : {64, 128}) {
+    for (int layout = 0; layout < 3; ++layout) {  // contiguous, fused qkv row, head-major
+      for (int64_t T : {1, 17, 64, 129, 300}) {
+        const int64_t B = 2, H = 4, Hkv = layout == 2 ? 4 : 2;
+        SCOPED_TRACE(fmt::format("Dh {} layout {} T {}", Dh, layout, T));
+        const int64_t W = (H + 2 * Hkv) * Dh;
+        // One buffer holds q, k, v: [B, T, W] (fused) or three [B, heads, T, Dh] / [B, T, heads,
+        // Dh] blocks one after another.
+        const int64_t q_elems = B * T * H * Dh, k_elems = B * T * Hkv * Dh;
+        std::vector<double> vals(static_cast<size_t>(q_elems + 2 * k_elems));
+        for (size_t i = 0; i < vals.size(); ++i) {
+          vals[i] = test::detail::philox_gauss(uint64_t(17 + T + Dh), 2, int64_t(i));
+        }
+        Tensor buf = upload(vals, {int64_t(vals.size())}, DType::kBF16);
+        auto* base = static_cast<uint16_t*>(buf.data());
+        auto view = [&](int64_t offset, int64_t heads) -> TensorView {
+          const Shape shape{B, T, heads, Dh};
+          if (layout == 1) {
+            return TensorView(base + offset, DType::kBF16, shape, {T * W, W, Dh, 1},
+                              Device::cuda(0));
+          }
+          if (layout == 2) {
+            return TensorView(base + offset * B * T, DType::kBF16, shape,
+                              {heads * T * Dh, Dh, T * Dh, 1}, Device::cuda(0));
+          }
+          return TensorView(base + offset * B * T, DType::kBF16, shape, Device::cuda(0));
+        };
+        // Column offsets in the fused row; block offsets (× B·T) otherwise.
+        const TensorView q = view(0, H), k = view(H * Dh, Hkv), v = view((H + Hkv) * Dh, Hkv);
+        const float scale = static_cast<float>(1.0 / std::sqrt(double(Dh)));
+        std::vector<uint16_t> out_bits[2];
+        std::vector<float> lse_vals[2];
+        for (int tma = 0; tma < 2; ++tma) {
+          attn::CudaTiles t = attn::default_tiles(static_cast<int>(Dh));
+          t.fwd_wgmma = true;
+          t.fwd_tma = tma == 1;
+          Tensor out = Tensor::empty({B, T, H, Dh}, DType::kBF16, Device::cuda(0));
+          Tensor lse = Tensor::empty({B, H, T}, DType::kF32, Device::cuda(0));
+          attn::attention_fwd_cuda(ctx, out, lse, q, k, v, scale, &t);
+          ctx.synchronize();
+          Tensor ho = Tensor::copy_of(out.view(), Device::cpu());
+          Tensor hl = Tensor::copy_of(lse.view(), Device::cpu());
+          out_bits[tma].assign(ho.ptr<uint16_t>(), ho.ptr<uint16_t>() + ho.numel());
+          lse_vals[tma].assign(hl.ptr<float>(), hl.ptr<float>() + hl.numel());
+        }
+        EXPECT_EQ(out_bits[0], out_bits[1]);
+        EXPECT_EQ(lse_vals[0], lse_vals[1]);
+      }
     }
   }
 }
@@ -373,9 +432,12 @@ struct PerfShape {
 
 TEST(AttentionGpu, PerfSdpaShapes) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
-  // The two reference shapes, then the 1b preset's attention (no reference time).
-  const PerfShape shapes[] = {
-      {16, 1024, 12, 12, 64, 0.46}, {8, 2048, 16, 16, 128, 1.38}, {8, 2048, 32, 8, 64, 0.0}};
+  // The two reference shapes, then the 1b preset's attention and a long Dh 128 GQA sequence (no
+  // reference time).
+  const PerfShape shapes[] = {{16, 1024, 12, 12, 64, 0.46},
+                              {8, 2048, 16, 16, 128, 1.38},
+                              {8, 2048, 32, 8, 64, 0.0},
+                              {4, 4096, 16, 4, 128, 0.0}};
   Context ctx(Device::cuda(0));
   for (const PerfShape& s : shapes) {
     const Shape qs{s.B, s.T, s.H, s.Dh}, ks{s.B, s.T, s.Hkv, s.Dh}, ls{s.B, s.H, s.T};
@@ -416,6 +478,13 @@ TEST(AttentionGpu, PerfSdpaShapes) {
       const test::Perf p = test::time_gpu(
           ctx, [&] { attn::attention_fwd_cuda(ctx, out, lse, q, k, v, scale, &t); }, 0, fwd_flops,
           2, 10);
+      if (t.fwd_wgmma && t.fwd_tma) {
+        std::printf(
+            "    fwd  wgmma, TMA loads (1 warpgroup, 64 queries x 64-key tiles): %.3f ms "
+            "(%.1f TFLOP/s)\n",
+            p.ms, p.tflop_per_s);
+        continue;
+      }
       if (t.fwd_wgmma) {
         std::printf(
             "    fwd  wgmma (1 warpgroup, 64 queries x 64-key tiles): %.3f ms (%.1f "
