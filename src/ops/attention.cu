@@ -547,6 +547,25 @@ __device__ __forceinline__ void mask_causal_tile(float (&s)[32], int k0, int r_l
   }
 }
 
+// The forward's epilogue: O / l as bf16 into out and lse = m·scale + ln(l), for the thread's
+// rows r_lo, r_lo + 8 (< T) of (batch b, head h), columns c2 (+1) of every 8-column block.
+template <int kPanels>
+__device__ __forceinline__ void store_out_and_lse(const FwdParams& p, const float (&o)[kPanels][32],
+                                                  const float (&m)[2], const float (&l)[2], int bh,
+                                                  int b, int h, int r_lo, int c2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float lsum = quad_sum(l[r]);
+    const int row = r_lo + 8 * r;
+    if (row >= p.T) continue;
+    const float inv = 1.0f / lsum;
+    uint16_t* orow = p.out + b * p.o_sb + row * p.o_st + h * p.o_sh + c2;
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) store_acc_row_bf16(orow + 64 * pn, o[pn], r, inv);
+    if (c2 == 0) p.lse[static_cast<int64_t>(bh) * p.T + row] = m[r] * p.scale + logf(lsum);
+  }
+}
+
 // The forward on warpgroup MMAs (Dh 64 and 128): one warpgroup per block owns 64 queries and
 // streams 64-key tiles. S = Q·Kᵀ reads Q and K straight from the swizzled shared tiles (no
 // ldmatrix; Dh 128 sums the products of the two 64-column panels);
@@ -628,17 +647,7 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
     __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration j + 1
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float lsum = quad_sum(l[r]);
-    const int row = r_lo + 8 * r;
-    if (row >= T) continue;
-    const float inv = 1.0f / lsum;
-    uint16_t* orow = p.out + b * p.o_sb + row * p.o_st + h * p.o_sh + c2;
-#pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn) store_acc_row_bf16(orow + 64 * pn, o[pn], r, inv);
-    if ((lane & 3) == 0) p.lse[static_cast<int64_t>(bh) * T + row] = m[r] * p.scale + logf(lsum);
-  }
+  store_out_and_lse(p, o, m, l, bh, b, h, r_lo, c2);
 }
 
 // The tensor maps of the TMA forward (tma::make_bthd_map): boxes of 64 positions × 64 channels.
@@ -673,7 +682,7 @@ __global__ void __launch_bounds__(128, kDh == 64 ? 4 : 3)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const QueryTile qtile = query_tile<kB, kB>(p);
-  const int bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, n_kt = qtile.n_kt, T = p.T;
+  const int bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, n_kt = qtile.n_kt;
   const int hkv = h / p.group;
   // Thread 0: the [64, Dh] tile of `map` at (head, position) into `dst`, counted on `bar`.
   auto load = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int head, int pos) {
@@ -757,17 +766,7 @@ __global__ void __launch_bounds__(128, kDh == 64 ? 4 : 3)
     }
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float lsum = quad_sum(l[r]);
-    const int row = r_lo + 8 * r;
-    if (row >= T) continue;
-    const float inv = 1.0f / lsum;
-    uint16_t* orow = p.out + b * p.o_sb + row * p.o_st + h * p.o_sh + c2;
-#pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn) store_acc_row_bf16(orow + 64 * pn, o[pn], r, inv);
-    if ((lane & 3) == 0) p.lse[static_cast<int64_t>(bh) * T + row] = m[r] * p.scale + logf(lsum);
-  }
+  store_out_and_lse(p, o, m, l, bh, b, h, r_lo, c2);
 }
 
 // ---- backward
