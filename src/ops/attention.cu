@@ -269,9 +269,29 @@ __device__ __forceinline__ void load_kv_tile(const Params& p, uint32_t sK, uint3
   load_tile<kRows, kDh, kThreads>(sV + stage * kTileBytes, vg + k1 * p.v_st, p.v_st, p.T - k1, tid);
 }
 
-// The block's query tile (grid: query tiles × B·H, the tile index reversed so that the longest
-// rows of the causal mask start first): tile qt of kRows queries from q0, (batch, head) = bh,
-// the key tiles of kKeys up to the last valid query (n_kt), and the head's K and V rows.
+// The order of the blocks of the linear grids (heavy_first_grid): the (batch, head) rows come in
+// chunks of `chunk` rows, and within a chunk tile by tile from the one with the most causal work,
+// each tile over the chunk's rows. One row per chunk runs each head's tiles together, heaviest
+// first (blocks running at once share that head's K/V or Q/dO in L2); all rows in one chunk
+// start the heaviest tiles of every head first, so that none of them is left to run alone at
+// the end (a tail of up to a sixth of the dK/dV pass at T 4096, longer with grouped heads, whose
+// blocks each sum the whole group). Returns block blockIdx.x's tile, counted from the heaviest,
+// and its row.
+struct TileRow {
+  int tile, row;
+};
+
+__device__ __forceinline__ TileRow heavy_first(int n_tiles, int chunk) {
+  const int rows = static_cast<int>(gridDim.x) / n_tiles;
+  const int per_chunk = chunk * n_tiles;
+  const int c = static_cast<int>(blockIdx.x) / per_chunk;
+  const int j = static_cast<int>(blockIdx.x) % per_chunk;
+  const int rc = min(chunk, rows - c * chunk);  // rows of this chunk (the last may be short)
+  return {j / rc, c * chunk + j % rc};
+}
+
+// The block's query tile: tile qt of kRows queries from q0, (batch, head) = bh, the key tiles of
+// kKeys up to the last valid query (n_kt), and the head's K and V rows (grid: heavy_first).
 struct QueryTile {
   int qt, bh, b, h, q0, n_kt;
   const uint16_t* kg;  // K of kv head h / group: [T, Dh] rows, k_st apart
@@ -281,8 +301,10 @@ struct QueryTile {
 template <int kRows, int kKeys, typename Params>
 __device__ __forceinline__ QueryTile query_tile(const Params& p) {
   QueryTile t;
-  t.qt = gridDim.x - 1 - blockIdx.x;
-  t.bh = blockIdx.y;
+  const int n_tiles = (p.T + kRows - 1) / kRows;
+  const TileRow tr = heavy_first(n_tiles, p.chunk_q);
+  t.qt = n_tiles - 1 - tr.tile;
+  t.bh = tr.row;
   t.b = t.bh / p.H;
   t.h = t.bh % p.H;
   const int hkv = t.h / p.group;
@@ -304,6 +326,7 @@ struct FwdParams {
   float* lse;         // [B, H, T] f32
   int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, o_sb, o_st, o_sh;
   int T, H, group;   // group = H / Hkv
+  int chunk_q;       // rows per chunk of the grid (heavy_first)
   float scale;       // softmax scale (> 0)
   float scale_log2;  // scale · log2(e): scores in base-2 exponent units
 };
@@ -650,6 +673,69 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
   store_out_and_lse(p, o, m, l, bh, b, h, r_lo, c2);
 }
 
+// Issues d = Σ over the kPanels 64-column panels of A·Bᵀ ([64, 64·kPanels] K-major tiles whose
+// low descriptor words are a_lo, b_lo; panels kPanel bytes apart).
+template <int kPanels>
+__device__ __forceinline__ void issue_panels_kmajor(float (&d)[32], uint32_t a_lo, uint32_t b_lo) {
+  constexpr uint32_t kPanelLo = (64 * 128) >> 4;
+#pragma unroll
+  for (int pn = 0; pn < kPanels; ++pn) {
+    wgmma::issue_kmajor_64_lo(d, a_lo + pn * kPanelLo, b_lo + pn * kPanelLo, /*overwrite=*/pn == 0);
+  }
+}
+
+// Issues acc[pn] += A·B[:, panel pn] for a [64, 64] A from registers and an N-major [64,
+// 64·kPanels] B (low word b_lo of desc_lo(B, 8192)).
+template <int kPanels>
+__device__ __forceinline__ void issue_panels_rs(float (&acc)[kPanels][32],
+                                                const uint32_t (&a)[4][4], uint32_t b_lo) {
+  constexpr uint32_t kPanelLo = (64 * 128) >> 4;
+#pragma unroll
+  for (int pn = 0; pn < kPanels; ++pn)
+    wgmma::issue_rs_nmajor_64_lo(acc[pn], a, b_lo + pn * kPanelLo);
+}
+
+// The TMA side of a kernel that streams [64, Dh] tiles of [B, T, heads, Dh] tensors: `count`
+// mbarriers at `bar` (8 bytes apart), initialised by thread 0 (then __syncthreads), and the copy
+// of one tile (kDh / 64 panels) of batch b, counted on one of them.
+template <int kDh>
+struct TmaTiles {
+  uint32_t bar;
+  int b;
+  __device__ __forceinline__ TmaTiles(uint32_t bar_, int count, int b_) : bar(bar_), b(b_) {
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < count; ++i) tma::mbar_init(bar + 8 * i, 1);
+      tma::fence_mbar_init();
+    }
+    __syncthreads();
+  }
+  // Thread 0: announce `bytes` more on barrier i for its current phase.
+  __device__ __forceinline__ void expect(int i, uint32_t bytes) const {
+    tma::mbar_arrive_expect_tx(bar + 8 * i, bytes);
+  }
+  // Thread 0: the tile of `map` at (head, position) into dst, counted on barrier i.
+  __device__ __forceinline__ void load(uint32_t dst, const CUtensorMap* map, int i, int head,
+                                       int pos) const {
+#pragma unroll
+    for (int pn = 0; pn < kDh / 64; ++pn) {
+      tma::load_4d(dst + pn * (64 * 128), map, bar + 8 * i, 64 * pn, head, pos, b);
+    }
+  }
+  __device__ __forceinline__ void wait(int i, uint32_t parity) const {
+    tma::mbar_wait(bar + 8 * i, parity);
+  }
+  // Once every warp is done with the tile at dst (a block barrier; their wgmmas waited for),
+  // thread 0 loads the next one there when `more`, counted on barrier i.
+  __device__ __forceinline__ void refill(bool more, uint32_t dst, const CUtensorMap* map, int i,
+                                         int head, int pos) const {
+    __syncthreads();
+    if (threadIdx.x == 0 && more) {
+      expect(i, (kDh / 64) * 64 * 128);
+      load(dst, map, i, head, pos);
+    }
+  }
+};
+
 // The tensor maps of the TMA forward (tma::make_bthd_map): boxes of 64 positions × 64 channels.
 struct FwdMaps {
   CUtensorMap q;  // over q [B, T, H, Dh]
@@ -674,35 +760,23 @@ __global__ void __launch_bounds__(128, kDh == 64 ? 4 : 3)
     attn_fwd_wgmma_tma_kernel(const FwdParams p, const __grid_constant__ FwdMaps maps) {
   pdl::grid_sync();
   constexpr int kB = 64, kPanels = kDh / 64;
-  constexpr int kTile = kB * kDh * 2, kPanel = kB * 128;  // bytes
+  constexpr int kTile = kB * kDh * 2;  // bytes
+  constexpr int kBarK = 0, kBarV = 1;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
   const uint32_t sQ = base, sK = base + kTile, sV = base + 2 * kTile;
-  const uint32_t bar_k = base + 3 * kTile, bar_v = bar_k + 8;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const QueryTile qtile = query_tile<kB, kB>(p);
   const int bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, n_kt = qtile.n_kt;
   const int hkv = h / p.group;
-  // Thread 0: the [64, Dh] tile of `map` at (head, position) into `dst`, counted on `bar`.
-  auto load = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int head, int pos) {
-#pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn) {
-      tma::load_4d(dst + pn * kPanel, map, bar, 64 * pn, head, pos, b);
-    }
-  };
+  const TmaTiles<kDh> tiles(base + 3 * kTile, 2, b);
   if (tid == 0) {
-    tma::mbar_init(bar_k, 1);
-    tma::mbar_init(bar_v, 1);
-    tma::fence_mbar_init();
-  }
-  __syncthreads();
-  if (tid == 0) {
-    tma::mbar_arrive_expect_tx(bar_k, 2 * kTile);  // Q and K_0
-    load(sQ, &maps.q, bar_k, h, q0);
-    load(sK, &maps.k, bar_k, hkv, 0);
-    tma::mbar_arrive_expect_tx(bar_v, kTile);
-    load(sV, &maps.v, bar_v, hkv, 0);
+    tiles.expect(kBarK, 2 * kTile);  // Q and K_0
+    tiles.load(sQ, &maps.q, kBarK, h, q0);
+    tiles.load(sK, &maps.k, kBarK, hkv, 0);
+    tiles.expect(kBarV, kTile);
+    tiles.load(sV, &maps.v, kBarV, hkv, 0);
   }
 
   const int r_lo = q0 + warp * 16 + (lane >> 2);  // rows r_lo and r_lo + 8
@@ -722,21 +796,14 @@ __global__ void __launch_bounds__(128, kDh == 64 ? 4 : 3)
 
   for (int j = 0; j < n_kt; ++j) {
     const bool more = j + 1 < n_kt;
-    tma::mbar_wait(bar_k, j & 1);  // K_j (and Q)
+    tiles.wait(kBarK, j & 1);  // K_j (and Q)
     float s[32];
     wgmma::fence();
-#pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn) {
-      wgmma::issue_kmajor_64_lo(s, q_lo + pn * (kPanel >> 4), k_lo + pn * (kPanel >> 4),
-                                /*overwrite=*/pn == 0);
-    }
+    issue_panels_kmajor<kPanels>(s, q_lo, k_lo);
     wgmma::commit();
     wgmma::wait<0>();
-    __syncthreads();  // every warp is done with K_j: its stage takes K_{j+1}
-    if (tid == 0 && more) {
-      tma::mbar_arrive_expect_tx(bar_k, kTile);
-      load(sK, &maps.k, bar_k, hkv, (j + 1) * kB);
-    }
+    // Every warp is done with K_j: its stage takes K_{j+1}.
+    tiles.refill(more, sK, &maps.k, kBarK, hkv, (j + 1) * kB);
     const int k0 = j * kB;
     if (k0 + kB - 1 > q0) mask_causal_tile(s, k0, r_lo, c2);
     float alpha[2];
@@ -751,21 +818,14 @@ __global__ void __launch_bounds__(128, kDh == 64 ? 4 : 3)
     // O += P·V, P rounded to bf16 (the sum l keeps the fp32 values).
     uint32_t pa[4][4];
     acc_to_a_bf16(s, pa);
-    tma::mbar_wait(bar_v, j & 1);  // V_j
+    tiles.wait(kBarV, j & 1);  // V_j
     wgmma::fence();
-#pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn) {
-      wgmma::issue_rs_nmajor_64_lo(o[pn], pa, v_lo + pn * (kPanel >> 4));
-    }
+    issue_panels_rs<kPanels>(o, pa, v_lo);
     wgmma::commit();
     wgmma::wait<0>();
-    __syncthreads();  // every warp is done with V_j: its stage takes V_{j+1}
-    if (tid == 0 && more) {
-      tma::mbar_arrive_expect_tx(bar_v, kTile);
-      load(sV, &maps.v, bar_v, hkv, (j + 1) * kB);
-    }
+    // Every warp is done with V_j: its stage takes V_{j+1}.
+    tiles.refill(more, sV, &maps.v, kBarV, hkv, (j + 1) * kB);
   }
-
   store_out_and_lse(p, o, m, l, bh, b, h, r_lo, c2);
 }
 
@@ -882,6 +942,8 @@ struct BwdParams {
   int64_t q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh;
   int64_t dq_sb, dq_st, dq_sh, dk_sb, dk_st, dk_sh, dv_sb, dv_st, dv_sh;
   int T, H, Hkv, group;
+  int chunk_q;   // (batch, head) rows per chunk of the query-tile grids (heavy_first)
+  int chunk_kv;  // (batch, kv head) rows per chunk of the wgmma dK/dV pass's grid
   float scale, scale_log2;
 };
 
@@ -1160,9 +1222,11 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
   const float* sD_ptr = reinterpret_cast<const float*>(smem + (sD - raw));
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int bg = blockIdx.y, b = bg / p.Hkv, hkv = bg % p.Hkv;
+  // Grid: heavy_first over (key tiles, B·Hkv), key tile 0 (the most queries) the heaviest.
   const int T = p.T;
-  const int k0 = blockIdx.x * kB;
+  const TileRow tr = heavy_first((T + kB - 1) / kB, p.chunk_kv);
+  const int bg = tr.row, b = bg / p.Hkv, hkv = bg % p.Hkv;
+  const int k0 = tr.tile * kB;
   const int qi0 = k0 / kB;
   const int nq = (T + kB - 1) / kB - qi0;
   const int n_it = p.group * nq;
@@ -1269,6 +1333,35 @@ __device__ __forceinline__ void dq_score_grads(float (&sv)[32], const float (&dp
   }
 }
 
+// dS of one [64 queries, 64 keys] tile of the wgmma dQ pass from key k0 (only the tile on the
+// diagonal runs the masked body), rounded to bf16 as the register A operand of dS·K.
+__device__ __forceinline__ void dq_tile_ds(float (&sv)[32], const float (&dpv)[32],
+                                           const float (&lq)[2], const float (&dlt)[2], int k0,
+                                           int q0, int r_lo, int c2, float scale_log2,
+                                           uint32_t (&da)[4][4]) {
+  if (k0 + 63 > q0) {
+    dq_score_grads<true>(sv, dpv, lq, dlt, k0, r_lo, c2, scale_log2);
+  } else {
+    dq_score_grads<false>(sv, dpv, lq, dlt, k0, r_lo, c2, scale_log2);
+  }
+  acc_to_a_bf16(sv, da);
+}
+
+// The dQ pass's epilogue: dQ · scale as bf16 for the thread's rows r_lo, r_lo + 8 (< T) of
+// (batch b, head h), columns c2 (+1) of every 8-column block.
+template <int kPanels>
+__device__ __forceinline__ void store_dq(const BwdParams& p, const float (&dqa)[kPanels][32], int b,
+                                         int h, int r_lo, int c2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r_lo + 8 * r;
+    if (row >= p.T) continue;
+    uint16_t* dqrow = p.dq + b * p.dq_sb + row * p.dq_st + h * p.dq_sh + c2;
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) store_acc_row_bf16(dqrow + 64 * pn, dqa[pn], r, p.scale);
+  }
+}
+
 // The dQ pass on warpgroup MMAs (Dh 64 and 128): one warpgroup owns 64 queries and streams
 // 64-key tiles up to the diagonal, as attn_bwd_dq_kernel does. S = Q·Kᵀ and dP = dO·Vᵀ read Q,
 // dO, K, V straight from the swizzled shared tiles (all K-major; Dh 128 sums the two panels);
@@ -1335,16 +1428,9 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
     }
     wgmma::commit();
     wgmma::wait<0>();
-    // Only the tile on the diagonal needs the mask (a separate unrolled body).
-    const int k0 = j * kB;
-    if (k0 + kB - 1 > q0) {
-      dq_score_grads<true>(sv, dpv, lq, dlt, k0, r_lo, c2, p.scale_log2);
-    } else {
-      dq_score_grads<false>(sv, dpv, lq, dlt, k0, r_lo, c2, p.scale_log2);
-    }
     // dQ += dS·K (dS rounded to bf16).
     uint32_t da[4][4];
-    acc_to_a_bf16(sv, da);
+    dq_tile_ds(sv, dpv, lq, dlt, j * kB, q0, r_lo, c2, p.scale_log2, da);
     wgmma::fence();
 #pragma unroll
     for (int pn = 0; pn < kPanels; ++pn) wgmma::issue_rs_nmajor_64(dqa[pn], da, sKs + pn * kPanel);
@@ -1353,14 +1439,88 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
     __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration j + 1
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r_lo + 8 * r;
-    if (row >= T) continue;
-    uint16_t* dqrow = p.dq + b * p.dq_sb + row * p.dq_st + h * p.dq_sh + c2;
-#pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn) store_acc_row_bf16(dqrow + 64 * pn, dqa[pn], r, p.scale);
+  store_dq(p, dqa, b, h, r_lo, c2);
+}
+
+// The tensor maps of the TMA dQ pass (tma::make_bthd_map): boxes of 64 positions × 64 channels.
+struct DqMaps {
+  CUtensorMap q;     // over q [B, T, H, Dh]
+  CUtensorMap dout;  // over dout [B, T, H, Dh]
+  CUtensorMap k;     // over k [B, T, Hkv, Dh]
+  CUtensorMap v;     // over v [B, T, Hkv, Dh]
+};
+
+// attn_bwd_dq_wgmma_kernel with its tiles brought in by the TMA unit (as the TMA forward): K and
+// V have one stage each with a barrier each, V_{j+1} loading while dS_j and dQ += dS_j·K_j run,
+// K_{j+1} once that product is done. Four [64, Dh] tiles instead of six let three Dh 128 blocks
+// share an SM instead of two (the pass is latency-bound like the forward). Same arithmetic.
+// Shared: Q | dO | K | V ([64, Dh] each, panel layout, 1024-aligned) | 2 mbarriers (K, V).
+template <int kDh>
+__global__ void __launch_bounds__(128)
+    attn_bwd_dq_wgmma_tma_kernel(const BwdParams p, const __grid_constant__ DqMaps maps) {
+  pdl::grid_sync();
+  constexpr int kB = 64, kPanels = kDh / 64;
+  constexpr int kTile = kB * kDh * 2;  // bytes
+  constexpr int kBarK = 0, kBarV = 1;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
+  const uint32_t sQ = base, sdO = base + kTile, sK = base + 2 * kTile, sV = base + 3 * kTile;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const QueryTile qtile = query_tile<kB, kB>(p);
+  const int bh = qtile.bh, b = qtile.b, h = qtile.h, q0 = qtile.q0, n_kt = qtile.n_kt;
+  const int hkv = h / p.group;
+  const TmaTiles<kDh> tiles(base + 4 * kTile, 2, b);
+  if (tid == 0) {
+    tiles.expect(kBarK, 3 * kTile);  // Q, dO and K_0
+    tiles.load(sQ, &maps.q, kBarK, h, q0);
+    tiles.load(sdO, &maps.dout, kBarK, h, q0);
+    tiles.load(sK, &maps.k, kBarK, hkv, 0);
+    tiles.expect(kBarV, kTile);
+    tiles.load(sV, &maps.v, kBarV, hkv, 0);
   }
+
+  const int r_lo = q0 + warp * 16 + (lane >> 2);  // rows r_lo and r_lo + 8
+  const int c2 = 2 * (lane & 3);
+  float lq[2], dlt[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_stats(p, bh, r_lo + 8 * r, lq[r], dlt[r]);
+  // dQ [64 queries, Dh]: element i of panel pn at row r_lo + 8·((i>>1)&1), column 64pn +
+  // 8·(i>>2) + c2 + (i&1).
+  float dqa[kPanels][32];
+#pragma unroll
+  for (int pn = 0; pn < kPanels; ++pn) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dqa[pn][i] = 0.0f;
+  }
+  // Low descriptor words of the tiles (wgmma::desc_lo).
+  const uint32_t q_lo = wgmma::desc_lo(sQ, 16), do_lo = wgmma::desc_lo(sdO, 16);
+  const uint32_t k_lo = wgmma::desc_lo(sK, 16), v_lo = wgmma::desc_lo(sV, 16);
+  const uint32_t kn_lo = wgmma::desc_lo(sK, 8192);  // K as the N-major operand of dS·K
+
+  for (int j = 0; j < n_kt; ++j) {
+    const bool more = j + 1 < n_kt;
+    tiles.wait(kBarK, j & 1);  // K_j (and Q, dO)
+    tiles.wait(kBarV, j & 1);  // V_j
+    float sv[32], dpv[32];     // S = Q·Kᵀ, dP = dO·Vᵀ: [64 queries, 64 keys]
+    wgmma::fence();
+    issue_panels_kmajor<kPanels>(sv, q_lo, k_lo);
+    issue_panels_kmajor<kPanels>(dpv, do_lo, v_lo);
+    wgmma::commit();
+    wgmma::wait<0>();
+    // Every warp is done with V_j: its stage takes V_{j+1}.
+    tiles.refill(more, sV, &maps.v, kBarV, hkv, (j + 1) * kB);
+    // dQ += dS·K (dS rounded to bf16).
+    uint32_t da[4][4];
+    dq_tile_ds(sv, dpv, lq, dlt, j * kB, q0, r_lo, c2, p.scale_log2, da);
+    wgmma::fence();
+    issue_panels_rs<kPanels>(dqa, da, kn_lo);
+    wgmma::commit();
+    wgmma::wait<0>();
+    // Every warp is done with K_j: its stage takes K_{j+1}.
+    tiles.refill(more, sK, &maps.k, kBarK, hkv, (j + 1) * kB);
+  }
+  store_dq(p, dqa, b, h, r_lo, c2);
 }
 
 // Grid: (query tiles, B·H), reversed like the forward. Each warp owns kMt 16-query m-tiles.
@@ -1593,56 +1753,75 @@ void set_smem(Kernel kernel, size_t bytes) {
 
 int tiles_of(int T, int rows) { return (T + rows - 1) / rows; }
 
+// The linear grid of the kernels whose blocks take their tile with heavy_first: tiles of
+// tile_rows positions × `rows` (batch, head) pairs (check_grid bounds the product).
+dim3 heavy_first_grid(int T, int tile_rows, int64_t rows) {
+  return dim3(static_cast<unsigned>(tiles_of(T, tile_rows) * rows));
+}
+
+// Rows per chunk of a heavy_first grid whose rows each stream `bytes_per_row` of tiles (K and V
+// of the row's kv head, or Q and dO of a kv head's group): as many as fit `budget` bytes
+// (CudaTiles::q_chunk_bytes, kv_chunk_bytes), at least one; budget 0: all rows in one chunk.
+int chunk_rows(int64_t rows, int64_t bytes_per_row, int64_t budget) {
+  rows = std::max<int64_t>(rows, 1);
+  if (budget <= 0) return static_cast<int>(rows);
+  return static_cast<int>(
+      std::clamp<int64_t>(budget / std::max<int64_t>(bytes_per_row, 1), 1, rows));
+}
+
 template <int kDh, int kWarps, int kBc, int kMt>
 void launch_fwd(const FwdParams& p, int B, cudaStream_t stream) {
   constexpr int kBr = 16 * kMt * kWarps;
   const size_t smem = static_cast<size_t>(kBr + 4 * kBc) * kDh * 2;
   auto kernel = attn_fwd_kernel<kDh, kWarps, kBc, kMt>;
   set_smem(kernel, smem);
-  const dim3 grid(tiles_of(p.T, kBr), B * p.H);
-  pdl::launch(kernel, grid, kWarps * 32, smem, stream, p);
+  pdl::launch(kernel, heavy_first_grid(p.T, kBr, B * p.H), kWarps * 32, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
+// Launches a 128-thread wgmma kernel on the linear grid of (64-row tiles of T) × `rows` blocks with
+// `smem` bytes of dynamic shared memory (its tiles plus 1024 bytes of room for their alignment).
+template <typename... Params, typename... Args>
+void launch_wgmma(void (*kernel)(Params...), size_t smem, int T, int rows, cudaStream_t stream,
+                  const Args&... args) {
+  set_smem(kernel, smem);
+  pdl::launch(kernel, heavy_first_grid(T, 64, rows), 128, smem, stream, args...);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+constexpr size_t tiles_bytes(int n, int dh) { return size_t(n) * 64 * dh * 2 + 1024; }
+
 template <int kDh>
 void launch_dkv_wgmma(const BwdParams& p, int B, cudaStream_t stream) {
-  const size_t smem = 6 * (64 * kDh * 2) + 4 * 64 * 4 + 1024;  // + room for the 1024 alignment
-  auto kernel = attn_bwd_dkv_wgmma_kernel<kDh>;
-  set_smem(kernel, smem);
-  const dim3 grid(tiles_of(p.T, 64), B * p.Hkv);
-  pdl::launch(kernel, grid, 128, smem, stream, p);
-  LOWBIT_CUDA_CHECK_LAUNCH();
+  // K, V, Q [2], dO [2]; lse2 [2][64], delta [2][64].
+  launch_wgmma(attn_bwd_dkv_wgmma_kernel<kDh>, tiles_bytes(6, kDh) + 4 * 64 * 4, p.T, B * p.Hkv,
+               stream, p);
+}
+
+template <int kDh>
+void launch_dq_wgmma_tma(const BwdParams& p, const DqMaps& maps, int B, cudaStream_t stream) {
+  // Q, dO, K, V and two mbarriers.
+  launch_wgmma(attn_bwd_dq_wgmma_tma_kernel<kDh>, tiles_bytes(4, kDh) + 16, p.T, B * p.H, stream, p,
+               maps);
 }
 
 template <int kDh>
 void launch_dq_wgmma(const BwdParams& p, int B, cudaStream_t stream) {
-  const size_t smem = 6 * (64 * kDh * 2) + 1024;  // + room for the 1024 alignment
-  auto kernel = attn_bwd_dq_wgmma_kernel<kDh>;
-  set_smem(kernel, smem);
-  const dim3 grid(tiles_of(p.T, 64), B * p.H);
-  pdl::launch(kernel, grid, 128, smem, stream, p);
-  LOWBIT_CUDA_CHECK_LAUNCH();
+  // Q, dO, K [2], V [2].
+  launch_wgmma(attn_bwd_dq_wgmma_kernel<kDh>, tiles_bytes(6, kDh), p.T, B * p.H, stream, p);
 }
 
 template <int kDh>
 void launch_fwd_wgmma(const FwdParams& p, int B, cudaStream_t stream) {
-  const size_t smem = 5 * (64 * kDh * 2) + 1024;  // + room to align the tiles to 1024 bytes
-  auto kernel = attn_fwd_wgmma_kernel<kDh>;
-  set_smem(kernel, smem);
-  const dim3 grid(tiles_of(p.T, 64), B * p.H);
-  pdl::launch(kernel, grid, 128, smem, stream, p);
-  LOWBIT_CUDA_CHECK_LAUNCH();
+  // Q, K [2], V [2].
+  launch_wgmma(attn_fwd_wgmma_kernel<kDh>, tiles_bytes(5, kDh), p.T, B * p.H, stream, p);
 }
 
 template <int kDh>
 void launch_fwd_wgmma_tma(const FwdParams& p, const FwdMaps& maps, int B, cudaStream_t stream) {
-  // Q, K, V and their two mbarriers; + room to align the tiles to 1024 bytes.
-  const size_t smem = 3 * (64 * kDh * 2) + 16 + 1024;
-  auto kernel = attn_fwd_wgmma_tma_kernel<kDh>;
-  set_smem(kernel, smem);
-  const dim3 grid(tiles_of(p.T, 64), B * p.H);
-  pdl::launch(kernel, grid, 128, smem, stream, p, maps);
-  LOWBIT_CUDA_CHECK_LAUNCH();
+  // Q, K, V and two mbarriers.
+  launch_wgmma(attn_fwd_wgmma_tma_kernel<kDh>, tiles_bytes(3, kDh) + 16, p.T, B * p.H, stream, p,
+               maps);
 }
 
 template <int kDh, int kWarps, int kBr, int kMt, bool kStoreDs = false>
@@ -1662,8 +1841,7 @@ void launch_dq(const BwdParams& p, int B, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(2 * kBr + 4 * kBc) * kDh * 2;
   auto kernel = attn_bwd_dq_kernel<kDh, kWarps, kBc, kMt>;
   set_smem(kernel, smem);
-  const dim3 grid(tiles_of(p.T, kBr), B * p.H);
-  pdl::launch(kernel, grid, kWarps * 32, smem, stream, p);
+  pdl::launch(kernel, heavy_first_grid(p.T, kBr, B * p.H), kWarps * 32, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1672,8 +1850,7 @@ void launch_dq_from_ds(const BwdParams& p, int B, cudaStream_t stream) {
   const size_t smem = 2 * (64 * 64 * 2) + 2 * (64 * kDh * 2);
   auto kernel = attn_bwd_dq_from_ds_kernel<kDh>;
   set_smem(kernel, smem);
-  const dim3 grid(tiles_of(p.T, 64), B * p.H);
-  pdl::launch(kernel, grid, 128, smem, stream, p);
+  pdl::launch(kernel, heavy_first_grid(p.T, 64, B * p.H), 128, smem, stream, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 
@@ -1773,21 +1950,28 @@ void check_grid(const char* op, int64_t B, int64_t heads, int64_t T) {
                     op, B * heads);
   LOWBIT_USER_CHECK(T <= (int64_t{1} << 24),
                     "{}: T = {} is above the GPU kernels' limit of 2^24 positions", op, T);
+  // The linear grids (heavy_first_grid) of 64-position tiles.
+  LOWBIT_USER_CHECK(B * heads * ((T + 63) / 64) < (int64_t{1} << 31),
+                    "{}: B·heads·⌈T/64⌉ = {} blocks is above the GPU kernels' limit of 2^31; "
+                    "split the batch",
+                    op, B * heads * ((T + 63) / 64));
 }
 
 }  // namespace
 
 CudaTiles default_tiles(int dh) {
   // The fastest variants of the benchmark sweep (AttentionGpu.PerfSdpaShapes) on an H100: the
-  // warpgroup-MMA (wgmma) kernels for both head dims. The mma.sync variants below stay as
-  // candidates (and the dQ pass from stored dS, which was the Dh 128 default before the wgmma
-  // kernels covered Dh 128).
+  // warpgroup-MMA (wgmma) kernels for both head dims, the forward and the dQ pass with TMA tile
+  // loads (H200, 2026-11-26: Dh 128 T 2048 forward 0.378 → 0.303 ms, dQ+dK/dV 1.203 → 1.151). The
+  // mma.sync variants below stay as candidates (and the dQ pass from stored dS, which was the Dh
+  // 128 default before the wgmma kernels covered Dh 128).
   CudaTiles t;
   t.dq_from_ds = false;
   t.fwd_wgmma = true;
   t.fwd_tma = true;
   t.dkv_wgmma = true;
   t.dq_wgmma = true;
+  t.dq_tma = true;
   if (dh == 64) {
     t.fwd_warps = 4, t.fwd_bc = 64, t.fwd_mt = 2;
     t.dkv_warps = 4, t.dkv_br = 64, t.dkv_mt = 1;
@@ -1810,6 +1994,7 @@ std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
   for (const Variant& f : fwd_variants(dh)) {
     CudaTiles t = default_tiles(dh);
     t.fwd_wgmma = false;
+    t.fwd_tma = false;
     t.fwd_warps = f.warps, t.fwd_bc = f.tile, t.fwd_mt = f.mt;
     out.push_back(t);
   }
@@ -1818,10 +2003,12 @@ std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
 
 std::vector<CudaTiles> candidate_bwd_tiles(int dh) {
   std::vector<CudaTiles> out;
-  for (bool dq_w : {false, true}) {  // the wgmma dK/dV pass with either dQ pass
+  // The wgmma dK/dV pass with the mma.sync dQ pass, the cp.async wgmma one and the TMA one.
+  for (int dq : {0, 1, 2}) {
     CudaTiles t = default_tiles(dh);
     t.dkv_wgmma = true;
-    t.dq_wgmma = dq_w;
+    t.dq_wgmma = dq > 0;
+    t.dq_tma = dq == 2;
     t.dq_from_ds = false;
     out.push_back(t);
   }
@@ -1862,9 +2049,11 @@ void attention_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& l
   p.v_sb = v.strides[0], p.v_st = v.strides[1], p.v_sh = v.strides[2];
   p.o_sb = out.strides[0], p.o_st = out.strides[1], p.o_sh = out.strides[2];
   p.T = static_cast<int>(T), p.H = static_cast<int>(H), p.group = static_cast<int>(H / Hkv);
+  // A row streams K and V of its kv head, which the group's heads share.
+  p.chunk_q = chunk_rows(B * H, T * dh * 2 * 2 / p.group, t.q_chunk_bytes);
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;
-  if (t.fwd_tma) {
+  if (t.fwd_wgmma && t.fwd_tma) {
     FwdMaps maps;
     if (tma::make_bthd_map(&maps.q, p.q, B, T, H, dh, p.q_sb, p.q_st, p.q_sh) &&
         tma::make_bthd_map(&maps.k, p.k, B, T, Hkv, dh, p.k_sb, p.k_st, p.k_sh) &&
@@ -1954,6 +2143,10 @@ void attention_bwd_run(Context& ctx, const TensorView& dq, const TensorView& dk,
   p.dv_sb = dv.strides[0], p.dv_st = dv.strides[1], p.dv_sh = dv.strides[2];
   p.T = static_cast<int>(T), p.H = static_cast<int>(H), p.Hkv = static_cast<int>(Hkv);
   p.group = static_cast<int>(H / Hkv);
+  // Query-tile passes: K and V of the row's kv head (shared by its group); the dK/dV pass: Q
+  // and dO of the kv head's group.
+  p.chunk_q = chunk_rows(B * H, T * dh * 2 * 2 / p.group, t.q_chunk_bytes);
+  p.chunk_kv = chunk_rows(B * Hkv, p.group * T * dh * 2 * 2, t.kv_chunk_bytes);
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;
   if (!from_ds) {
@@ -1966,7 +2159,18 @@ void attention_bwd_run(Context& ctx, const TensorView& dq, const TensorView& dk,
     } else {
       run_dkv(dh, Variant{t.dkv_warps, t.dkv_br, t.dkv_mt}, p, static_cast<int>(B), stream);
     }
-    if (t.dq_wgmma) {
+    DqMaps maps;
+    if (t.dq_wgmma && t.dq_tma &&
+        tma::make_bthd_map(&maps.q, p.q, B, T, H, dh, p.q_sb, p.q_st, p.q_sh) &&
+        tma::make_bthd_map(&maps.dout, p.dout, B, T, H, dh, p.do_sb, p.do_st, p.do_sh) &&
+        tma::make_bthd_map(&maps.k, p.k, B, T, Hkv, dh, p.k_sb, p.k_st, p.k_sh) &&
+        tma::make_bthd_map(&maps.v, p.v, B, T, Hkv, dh, p.v_sb, p.v_st, p.v_sh)) {
+      if (dh == 64) {
+        launch_dq_wgmma_tma<64>(p, maps, static_cast<int>(B), stream);
+      } else {
+        launch_dq_wgmma_tma<128>(p, maps, static_cast<int>(B), stream);
+      }
+    } else if (t.dq_wgmma) {  // also where no tensor map describes the inputs
       if (dh == 64) {
         launch_dq_wgmma<64>(p, static_cast<int>(B), stream);
       } else {

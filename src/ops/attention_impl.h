@@ -35,13 +35,22 @@ struct CudaTiles {
   bool dq_from_ds = false;
   // The forward on warpgroup MMAs (attn_fwd_wgmma_kernel); the fwd_* fields are unused.
   bool fwd_wgmma = false;
-  // The forward on warpgroup MMAs with TMA tile loads (attn_fwd_wgmma_tma_kernel); takes
-  // precedence over fwd_wgmma where the tensors allow a tensor map (else fwd_wgmma applies).
+  // With fwd_wgmma: its tiles loaded by the TMA unit (attn_fwd_wgmma_tma_kernel) where the
+  // tensors allow a tensor map.
   bool fwd_tma = false;
   // Dh 64: the dK/dV pass on warpgroup MMAs (attn_bwd_dkv_wgmma_kernel); dkv_* fields unused.
   bool dkv_wgmma = false;
   // Dh 64: the dQ pass on warpgroup MMAs (attn_bwd_dq_wgmma_kernel); dq_* fields unused.
   bool dq_wgmma = false;
+  // With dq_wgmma: its tiles loaded by the TMA unit (attn_bwd_dq_wgmma_tma_kernel) where the
+  // tensors allow a tensor map.
+  bool dq_tma = false;
+  // The order of the blocks (heavy_first in attention.cu): the bytes of tiles that one chunk of
+  // (batch, head) rows streams, for the query-tile passes (forward, dQ) and the dK/dV pass; 1: one
+  // row per chunk (each head's tiles together), 0: one chunk (the heaviest tiles of all heads
+  // first).
+  int64_t q_chunk_bytes = 1;
+  int64_t kv_chunk_bytes = 0;
   // Bytes of dSᵀ tiles held at once (the batch runs in chunks that fit); 0: 512 MiB.
   int64_t ds_budget_bytes = 0;
   // Fewest dK/dV blocks a chunk may have, else the separate dQ pass runs: one wave of key tiles

@@ -264,7 +264,9 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
       EXPECT_TRUE(within_bounds("lse", ls, down(lse), cpu.lse, ref.lse_bound));
     }
     for (const attn::CudaTiles& t : attn::candidate_bwd_tiles(static_cast<int>(Dh))) {
-      SCOPED_TRACE(t.dkv_wgmma    ? std::string(t.dq_wgmma ? "bwd dkv+dq wgmma" : "bwd dkv wgmma")
+      SCOPED_TRACE(t.dkv_wgmma    ? std::string(t.dq_tma     ? "bwd dkv+dq wgmma, dq TMA"
+                                                : t.dq_wgmma ? "bwd dkv+dq wgmma"
+                                                             : "bwd dkv wgmma")
                    : t.dq_from_ds ? std::string("bwd dkv storing dS, dq from dS")
                                   : fmt::format("bwd dkv {} warps x {} m-tiles, {}-query tiles; dq "
                                                 "{} warps x {} m-tiles, {}-key tiles",
@@ -473,6 +475,25 @@ TEST(AttentionGpu, PerfSdpaShapes) {
         static_cast<long long>(s.Dh), pf.ms, pf.tflop_per_s, pb.ms, pb.tflop_per_s, total,
         (fwd_flops + bwd_flops) / (total * 1e9), s.sdpa_ms,
         s.sdpa_ms > 0 ? total / s.sdpa_ms : 0.0);
+    // The order of the blocks (attn::CudaTiles::q_chunk_bytes, kv_chunk_bytes): each head's
+    // tiles together (1) or the heaviest tiles of all heads first (0), for the query-tile passes
+    // and for the dK/dV pass.
+    for (int64_t qc : {1, 0}) {
+      for (int64_t kvc : {1, 0}) {
+        attn::CudaTiles t = attn::default_tiles(static_cast<int>(s.Dh));
+        t.q_chunk_bytes = qc, t.kv_chunk_bytes = kvc;
+        const test::Perf f = test::time_gpu(
+            ctx, [&] { attn::attention_fwd_cuda(ctx, out, lse, q, k, v, scale, &t); }, 0, fwd_flops,
+            2, 10);
+        const test::Perf bw = test::time_gpu(
+            ctx,
+            [&] { attn::attention_bwd_cuda(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale, &t); },
+            0, bwd_flops, 2, 10);
+        std::printf("    order q %-13s kv %-13s fwd %.3f ms, bwd %.3f ms\n",
+                    qc == 1 ? "head by head" : "all heads", kvc == 1 ? "head by head" : "all heads",
+                    f.ms, bw.ms);
+      }
+    }
     // Every compiled tile variant, for choosing default_tiles().
     for (const attn::CudaTiles& t : attn::candidate_fwd_tiles(static_cast<int>(s.Dh))) {
       const test::Perf p = test::time_gpu(
@@ -502,7 +523,9 @@ TEST(AttentionGpu, PerfSdpaShapes) {
           bwd_flops, 2, 10);
       if (t.dq_from_ds || t.dkv_wgmma) {
         std::printf("    bwd  %s: %.3f ms (%.1f TFLOP/s)\n",
-                    t.dkv_wgmma ? (t.dq_wgmma ? "dkv wgmma + dq wgmma" : "dkv wgmma + dq")
+                    t.dkv_wgmma ? (t.dq_tma     ? "dkv wgmma + dq wgmma, TMA"
+                                   : t.dq_wgmma ? "dkv wgmma + dq wgmma"
+                                                : "dkv wgmma + dq")
                                 : "dkv storing dS + dq from dS",
                     p.ms, p.tflop_per_s);
         continue;
