@@ -17,12 +17,18 @@ HostUpload::~HostUpload() {
 }
 
 void HostUpload::copy(Context& ctx, const TensorView& src, const TensorView& dst) {
-  LOWBIT_CHECK(src.device.is_cpu() && src.is_contiguous() && dst.is_contiguous() &&
-                   dst.device == ctx.device() && src.nbytes() == dst.nbytes(),
-               "HostUpload: {} → {} must be contiguous host → {} of one size", src.str(), dst.str(),
-               ctx.device().str());
+  LOWBIT_CHECK((src.device.is_cpu() || src.device == ctx.device()) && src.is_contiguous() &&
+                   dst.is_contiguous() && dst.device == ctx.device() &&
+                   src.nbytes() == dst.nbytes(),
+               "HostUpload: {} → {} must be contiguous host or {} memory → {}, of one size",
+               src.str(), dst.str(), ctx.device().str(), ctx.device().str());
   const size_t bytes = static_cast<size_t>(src.nbytes());
   if (bytes == 0) return;
+  if (!src.device.is_cpu()) {
+    LOWBIT_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data, src.data, bytes, cudaMemcpyDeviceToDevice, ctx.stream()));
+    return;
+  }
   Slot& s = slots_[next_];
   next_ = (next_ + 1) % slots_.size();
   if (s.pending) LOWBIT_CUDA_CHECK(cudaEventSynchronize(s.done));  // its last copy has read it

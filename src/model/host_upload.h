@@ -1,7 +1,9 @@
-// Small host → device uploads (a micro-batch's token ids and targets) that do not stall the host:
-// the bytes go through pinned staging slots with cudaMemcpyAsync on the context's stream, instead
-// of a pageable cudaMemcpy (~80 µs of host time between a step's end-of-step wait and its first
-// kernel). A slot is reused only after the copy that last read it has completed.
+// Small uploads of a micro-batch's token ids and targets that do not stall the host: from host
+// memory the bytes go through pinned staging slots with cudaMemcpyAsync on the context's stream,
+// instead of a pageable cudaMemcpy (~80 µs of host time between a step's end-of-step wait and its
+// first kernel), and a slot is reused only after the copy that last read it has completed; ids
+// already on the context's GPU are copied on its stream (not with a legacy-stream cudaMemcpy,
+// which waits for the device).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,8 +21,9 @@ class HostUpload {
   HostUpload(const HostUpload&) = delete;
   HostUpload& operator=(const HostUpload&) = delete;
   ~HostUpload();
-  // dst (contiguous, on ctx's GPU) = src (contiguous host memory of the same byte size), queued
-  // on ctx's stream; returns once src may be reused.
+  // dst (contiguous, on ctx's GPU) = src (contiguous host memory, or memory on ctx's GPU, of the
+  // same byte size), queued on ctx's stream; returns once host memory src may be reused (a
+  // device src is read when the stream reaches the copy).
   void copy(Context& ctx, const TensorView& src, const TensorView& dst);
 
  private:

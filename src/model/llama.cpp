@@ -676,8 +676,8 @@ struct LlamaModel::Impl {
   Tensor upload_i32(const TensorView& t, int64_t n) {
     LOWBIT_USER_CHECK(t.dtype == DType::kI32 && t.numel() == n && t.is_contiguous(),
                       "expected {} contiguous int32 token ids, got {}", n, t.str());
-    if (t.device.is_cpu() && dev.is_cuda()) {
-      // Through pinned staging, queued on the stream: the host goes on launching.
+    if (dev.is_cuda() && (t.device.is_cpu() || t.device == dev)) {
+      // Queued on the stream (host ids through pinned staging): the host goes on launching.
       Tensor out = Tensor::empty(t.shape, DType::kI32, dev, MemCategory::kActivations);
       uploads.copy(ctx, t, out.view());
       return out;

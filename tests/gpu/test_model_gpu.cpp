@@ -119,6 +119,35 @@ TEST_P(GpuModel, RecomputedQuantizedInputsGiveIdenticalGradients) {
   EXPECT_EQ(grads[0], grads[2]) << recipe_name(r);
 }
 
+// Token ids and targets already on the GPU (as `lowbit bench train` keeps them) are copied on the
+// model's stream and give the bits of host ids: the same losses and gradients.
+TEST_P(GpuModel, DeviceResidentTokensGiveTheHostTokensBits) {
+  const Recipe r = GetParam();
+  const ModelConfig c = tiny();
+  const int B = 2, T = 64;
+  Tensor tokens = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+  std::mt19937 rng(12);
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 512);
+  }
+  const Tensor dev_tokens = Tensor::copy_of(tokens.view(), Device::cuda(0));
+  std::vector<float> grads[2];
+  double losses[2] = {0, 0};
+  for (int on_device = 0; on_device < 2; ++on_device) {
+    Context gpu(Device::cuda(0));
+    LlamaModel m(c, resolve_precision(r, c), gpu);
+    m.init_weights(3);
+    const Tensor& t = on_device ? dev_tokens : tokens;
+    for (int mb = 0; mb < 2; ++mb) {
+      losses[on_device] += m.forward_backward(t, t, B, T, 1.0f / float(tokens.numel())).loss_sum;
+    }
+    const Tensor g = Tensor::copy_of(m.params().grad_all, Device::cpu());
+    grads[on_device].assign(g.ptr<float>(), g.ptr<float>() + g.numel());
+  }
+  EXPECT_EQ(losses[0], losses[1]) << recipe_name(r);
+  EXPECT_EQ(grads[0], grads[1]) << recipe_name(r);
+}
+
 // On the device too, a step's first micro-batch writing the linears' and norms' gradients
 // outright (zero_grads(true) + overwrite_linear_grads, what StepRunner does) gives the bits of
 // zeroing every gradient and adding, over stale NaN gradients, with a second micro-batch added.
