@@ -4,9 +4,9 @@
 // Kernels (one (batch, head) pair and one tile of rows per block, 16 rows per warp; by default
 // the forward and both backward passes run attn_fwd_wgmma_tma_kernel, attn_bwd_dkv_wgmma_kernel
 // and attn_bwd_dq_wgmma_kernel, warpgroup-MMA versions of the kernels below with 64-row tiles,
-// for Dh 64 and 128 — the forward with its tiles loaded by the TMA unit, attn_fwd_wgmma_kernel
-// (cp.async) where no tensor map can describe the inputs; the mma.sync kernels remain as tile
-// variants):
+// for Dh 64 and 128 — each with its tiles loaded by the TMA unit (attn_fwd_wgmma_tma_kernel,
+// attn_bwd_dkv_wgmma_kernel<Dh, true>, attn_bwd_dq_wgmma_tma_kernel), or by cp.async where no
+// tensor map can describe the inputs; the mma.sync kernels remain as tile variants):
 //  * attn_fwd_kernel       a tile of 16·W queries; streams key/value tiles of Bc keys up to the
 //                          diagonal: S = Q·Kᵀ, online softmax, O += P·V; writes out and lse.
 //  * attn_bwd_prep_kernel  D = rowsum(dO ∘ O) and lse·log2(e) per query, into the workspace.
@@ -696,13 +696,15 @@ __device__ __forceinline__ void issue_panels_rs(float (&acc)[kPanels][32],
 }
 
 // The TMA side of a kernel that streams [64, Dh] tiles of [B, T, heads, Dh] tensors: `count`
-// mbarriers at `bar` (8 bytes apart), initialised by thread 0 (then __syncthreads), and the copy
+// mbarriers at `bar` (8 bytes apart), initialised by thread 0 (then __syncthreads; none for
+// count 0), and the copy
 // of one tile (kDh / 64 panels) of batch b, counted on one of them.
 template <int kDh>
 struct TmaTiles {
   uint32_t bar;
   int b;
   __device__ __forceinline__ TmaTiles(uint32_t bar_, int count, int b_) : bar(bar_), b(b_) {
+    if (count == 0) return;  // a kernel variant without TMA
     if (threadIdx.x == 0) {
       for (int i = 0; i < count; ++i) tma::mbar_init(bar + 8 * i, 1);
       tma::fence_mbar_init();
@@ -1200,16 +1202,29 @@ __device__ __forceinline__ void dkv_probs_and_grads(float (&st)[32], float (&dpt
   }
 }
 
+// The tensor maps of the TMA backward passes (tma::make_bthd_map): boxes of 64 positions × 64
+// channels.
+struct BwdMaps {
+  CUtensorMap q;     // over q [B, T, H, Dh]
+  CUtensorMap dout;  // over dout [B, T, H, Dh]
+  CUtensorMap k;     // over k [B, T, Hkv, Dh]
+  CUtensorMap v;     // over v [B, T, Hkv, Dh]
+};
+
 // The dK/dV pass on warpgroup MMAs (Dh 64 and 128): one warpgroup owns 64 keys (warp w: keys
 // 16w..) and streams 64-query tiles of every query head of its group, as attn_bwd_dkv_kernel<Dh,
 // 4, 64, 1> does. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ read K, V, Q and dO straight from the swizzled shared
 // tiles (all K-major); dV += Pᵀ·dO and dK += dSᵀ·Q take Pᵀ, dSᵀ from registers and dO, Q as
 // N-major shared operands (Dh 128: products over Dh sum the two 64-column panels, products
 // into Dh run per panel). The per-element softmax math is attn_bwd_dkv_kernel's.
+// kTma: K, V, Q and dO come through the TMA unit (one thread issues the copies; Q/dO stage s
+// completes on mbarrier s, K and V on a third), instead of 128 threads' cp.async chunks;
+// lse2 and delta stay cp.async (rows past T must read as zeros, not as the next head's).
 // Shared: K | V | Q [2] | dO [2] ([64, Dh] bf16 each, panel layout, 1024-byte aligned) |
-//         lse2 [2][64] | delta [2][64] f32.
-template <int kDh>
-__global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams p) {
+//         lse2 [2][64] | delta [2][64] f32 | (kTma) 3 mbarriers.
+template <int kDh, bool kTma>
+__global__ void __launch_bounds__(128)
+    attn_bwd_dkv_wgmma_kernel(const BwdParams p, const __grid_constant__ BwdMaps maps) {
   pdl::grid_sync();
   constexpr int kB = 64, kThreads = 128, kPanels = kDh / 64;
   constexpr int kTile = kB * kDh * 2, kPanel = kB * 128;  // bytes
@@ -1231,16 +1246,35 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
   const int nq = (T + kB - 1) / kB - qi0;
   const int n_it = p.group * nq;
 
-  TileCopy<kB, kDh, kThreads>(tid, p.k_st)
-      .start(sK, p.k + b * p.k_sb + hkv * p.k_sh + k0 * p.k_st, T - k0);
-  TileCopy<kB, kDh, kThreads>(tid, p.v_st)
-      .start(sV, p.v + b * p.v_sb + hkv * p.v_sh + k0 * p.v_st, T - k0);
+  // Barriers (kTma): Q/dO stage 0 and 1, then K and V.
+  constexpr int kBarKv = 2;
+  const TmaTiles<kDh> tiles(sD + 2 * kB * 4, kTma ? 3 : 0, b);
   const TileCopy<kB, kDh, kThreads> q_copy(tid, p.q_st), do_copy(tid, p.do_st);
+  if constexpr (kTma) {
+    if (tid == 0) {
+      tiles.expect(kBarKv, 2 * kTile);
+      tiles.load(sK, &maps.k, kBarKv, hkv, k0);
+      tiles.load(sV, &maps.v, kBarKv, hkv, k0);
+    }
+  } else {
+    TileCopy<kB, kDh, kThreads>(tid, p.k_st)
+        .start(sK, p.k + b * p.k_sb + hkv * p.k_sh + k0 * p.k_st, T - k0);
+    TileCopy<kB, kDh, kThreads>(tid, p.v_st)
+        .start(sV, p.v + b * p.v_sb + hkv * p.v_sh + k0 * p.v_st, T - k0);
+  }
   auto issue = [&](int it, int stage) {
     const int h = hkv * p.group + it / nq;
     const int q0 = (qi0 + it % nq) * kB;
-    q_copy.start(sQ + stage * kTile, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, T - q0);
-    do_copy.start(sdO + stage * kTile, p.dout + b * p.do_sb + h * p.do_sh + q0 * p.do_st, T - q0);
+    if constexpr (kTma) {
+      if (tid == 0) {
+        tiles.expect(stage, 2 * kTile);
+        tiles.load(sQ + stage * kTile, &maps.q, stage, h, q0);
+        tiles.load(sdO + stage * kTile, &maps.dout, stage, h, q0);
+      }
+    } else {
+      q_copy.start(sQ + stage * kTile, p.q + b * p.q_sb + h * p.q_sh + q0 * p.q_st, T - q0);
+      do_copy.start(sdO + stage * kTile, p.dout + b * p.do_sb + h * p.do_sh + q0 * p.do_st, T - q0);
+    }
     const int64_t row0 = (static_cast<int64_t>(b) * p.H + h) * T + q0;
     load_vec<kB>(sL + stage * kB * 4, p.lse2 + row0, T - q0, tid);
     load_vec<kB>(sD + stage * kB * 4, p.delta + row0, T - q0, tid);
@@ -1264,8 +1298,12 @@ __global__ void __launch_bounds__(128) attn_bwd_dkv_wgmma_kernel(const BwdParams
     if (it + 1 < n_it) issue(it + 1, stage ^ 1);
     cp_async_commit();
     cp_async_wait<1>();
-    wgmma::fence_proxy_async();
+    if constexpr (!kTma) wgmma::fence_proxy_async();
     __syncthreads();
+    if constexpr (kTma) {
+      if (it == 0) tiles.wait(kBarKv, 0);
+      tiles.wait(stage, (it >> 1) & 1);
+    }
     const int q0 = (qi0 + it % nq) * kB;
     const uint32_t sQs = sQ + stage * kTile, sdOs = sdO + stage * kTile;
     const float* lrow = sL_ptr + stage * kB;
@@ -1442,14 +1480,6 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
   store_dq(p, dqa, b, h, r_lo, c2);
 }
 
-// The tensor maps of the TMA dQ pass (tma::make_bthd_map): boxes of 64 positions × 64 channels.
-struct DqMaps {
-  CUtensorMap q;     // over q [B, T, H, Dh]
-  CUtensorMap dout;  // over dout [B, T, H, Dh]
-  CUtensorMap k;     // over k [B, T, Hkv, Dh]
-  CUtensorMap v;     // over v [B, T, Hkv, Dh]
-};
-
 // attn_bwd_dq_wgmma_kernel with its tiles brought in by the TMA unit (as the TMA forward): K and
 // V have one stage each with a barrier each, V_{j+1} loading while dS_j and dQ += dS_j·K_j run,
 // K_{j+1} once that product is done. Four [64, Dh] tiles instead of six let three Dh 128 blocks
@@ -1457,7 +1487,7 @@ struct DqMaps {
 // Shared: Q | dO | K | V ([64, Dh] each, panel layout, 1024-aligned) | 2 mbarriers (K, V).
 template <int kDh>
 __global__ void __launch_bounds__(128)
-    attn_bwd_dq_wgmma_tma_kernel(const BwdParams p, const __grid_constant__ DqMaps maps) {
+    attn_bwd_dq_wgmma_tma_kernel(const BwdParams p, const __grid_constant__ BwdMaps maps) {
   pdl::grid_sync();
   constexpr int kB = 64, kPanels = kDh / 64;
   constexpr int kTile = kB * kDh * 2;  // bytes
@@ -1769,6 +1799,22 @@ int chunk_rows(int64_t rows, int64_t bytes_per_row, int64_t budget) {
       std::clamp<int64_t>(budget / std::max<int64_t>(bytes_per_row, 1), 1, rows));
 }
 
+// CudaTiles::kv_chunk_bytes = -1: the wgmma dK/dV pass's blocks each run group × (key tiles
+// from theirs to the end) query tiles, so the heaviest block runs 2·slots / (rows·(n + 1)) of
+// what each of the `slots` resident blocks runs on average (n key tiles, rows = B·Hkv). Over a
+// fifth, a heavy block started late leaves a tail and the heaviest tiles of all heads go first
+// (one chunk, budget 0); else each head's tiles run together for the L2 (one row, budget 1).
+// H100, 2026-11-26: T 4096 with 4 kv heads (ratio 0.51) −12 %; B8 T2048 H16 Dh128 (0.125) +8 %
+// with all heads first.
+int64_t dkv_chunk_auto(Context& ctx, int64_t rows, int64_t T, int dh) {
+  int sms = 0;
+  LOWBIT_CUDA_CHECK(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device().index));
+  const int64_t slots = int64_t(sms) * (dh == 128 ? 2 : 3);  // registers: 232 / 168 per thread
+  const int64_t n = (T + 63) / 64;
+  return 10 * slots > rows * (n + 1) ? 0 : 1;  // 2·slots / (rows·(n + 1)) > 1/5
+}
+
 template <int kDh, int kWarps, int kBc, int kMt>
 void launch_fwd(const FwdParams& p, int B, cudaStream_t stream) {
   constexpr int kBr = 16 * kMt * kWarps;
@@ -1792,14 +1838,19 @@ void launch_wgmma(void (*kernel)(Params...), size_t smem, int T, int rows, cudaS
 constexpr size_t tiles_bytes(int n, int dh) { return size_t(n) * 64 * dh * 2 + 1024; }
 
 template <int kDh>
-void launch_dkv_wgmma(const BwdParams& p, int B, cudaStream_t stream) {
-  // K, V, Q [2], dO [2]; lse2 [2][64], delta [2][64].
-  launch_wgmma(attn_bwd_dkv_wgmma_kernel<kDh>, tiles_bytes(6, kDh) + 4 * 64 * 4, p.T, B * p.Hkv,
-               stream, p);
+void launch_dkv_wgmma(const BwdParams& p, const BwdMaps& maps, bool tma, int B,
+                      cudaStream_t stream) {
+  // K, V, Q [2], dO [2]; lse2 [2][64], delta [2][64]; (tma) 3 mbarriers.
+  const size_t smem = tiles_bytes(6, kDh) + 4 * 64 * 4 + (tma ? 24 : 0);
+  if (tma) {
+    launch_wgmma(attn_bwd_dkv_wgmma_kernel<kDh, true>, smem, p.T, B * p.Hkv, stream, p, maps);
+  } else {
+    launch_wgmma(attn_bwd_dkv_wgmma_kernel<kDh, false>, smem, p.T, B * p.Hkv, stream, p, maps);
+  }
 }
 
 template <int kDh>
-void launch_dq_wgmma_tma(const BwdParams& p, const DqMaps& maps, int B, cudaStream_t stream) {
+void launch_dq_wgmma_tma(const BwdParams& p, const BwdMaps& maps, int B, cudaStream_t stream) {
   // Q, dO, K, V and two mbarriers.
   launch_wgmma(attn_bwd_dq_wgmma_tma_kernel<kDh>, tiles_bytes(4, kDh) + 16, p.T, B * p.H, stream, p,
                maps);
@@ -1961,8 +2012,9 @@ void check_grid(const char* op, int64_t B, int64_t heads, int64_t T) {
 
 CudaTiles default_tiles(int dh) {
   // The fastest variants of the benchmark sweep (AttentionGpu.PerfSdpaShapes) on an H100: the
-  // warpgroup-MMA (wgmma) kernels for both head dims, the forward and the dQ pass with TMA tile
-  // loads (H200, 2026-11-26: Dh 128 T 2048 forward 0.378 → 0.303 ms, dQ+dK/dV 1.203 → 1.151). The
+  // warpgroup-MMA (wgmma) kernels for both head dims, all three passes with TMA tile loads
+  // (H200, 2026-11-26: Dh 128 T 2048 forward 0.378 → 0.303 ms, dQ+dK/dV 1.203 → 1.151; H100:
+  // the dK/dV pass's TMA loads −4.4 % on the backward at T 4096, −3.5 % for Dh 64 GQA). The
   // mma.sync variants below stay as candidates (and the dQ pass from stored dS, which was the Dh
   // 128 default before the wgmma kernels covered Dh 128).
   CudaTiles t;
@@ -1970,6 +2022,7 @@ CudaTiles default_tiles(int dh) {
   t.fwd_wgmma = true;
   t.fwd_tma = true;
   t.dkv_wgmma = true;
+  t.dkv_tma = true;
   t.dq_wgmma = true;
   t.dq_tma = true;
   if (dh == 64) {
@@ -2007,11 +2060,13 @@ std::vector<CudaTiles> candidate_bwd_tiles(int dh) {
   for (int dq : {0, 1, 2}) {
     CudaTiles t = default_tiles(dh);
     t.dkv_wgmma = true;
+    t.dkv_tma = false;
     t.dq_wgmma = dq > 0;
     t.dq_tma = dq == 2;
     t.dq_from_ds = false;
     out.push_back(t);
   }
+  out.push_back(default_tiles(dh));  // both wgmma passes with TMA loads
   {
     CudaTiles t = default_tiles(dh);
     t.dq_from_ds = true;
@@ -2146,25 +2201,31 @@ void attention_bwd_run(Context& ctx, const TensorView& dq, const TensorView& dk,
   // Query-tile passes: K and V of the row's kv head (shared by its group); the dK/dV pass: Q
   // and dO of the kv head's group.
   p.chunk_q = chunk_rows(B * H, T * dh * 2 * 2 / p.group, t.q_chunk_bytes);
-  p.chunk_kv = chunk_rows(B * Hkv, p.group * T * dh * 2 * 2, t.kv_chunk_bytes);
+  p.chunk_kv =
+      chunk_rows(B * Hkv, p.group * T * dh * 2 * 2,
+                 t.kv_chunk_bytes >= 0 ? t.kv_chunk_bytes : dkv_chunk_auto(ctx, B * Hkv, T, dh));
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;
   if (!from_ds) {
+    // Tensor maps for the TMA passes (none where the views do not allow them).
+    BwdMaps maps;
+    const bool have_maps =
+        ((t.dkv_wgmma && t.dkv_tma) || (t.dq_wgmma && t.dq_tma)) &&
+        tma::make_bthd_map(&maps.q, p.q, B, T, H, dh, p.q_sb, p.q_st, p.q_sh) &&
+        tma::make_bthd_map(&maps.dout, p.dout, B, T, H, dh, p.do_sb, p.do_st, p.do_sh) &&
+        tma::make_bthd_map(&maps.k, p.k, B, T, Hkv, dh, p.k_sb, p.k_st, p.k_sh) &&
+        tma::make_bthd_map(&maps.v, p.v, B, T, Hkv, dh, p.v_sb, p.v_st, p.v_sh);
     if (t.dkv_wgmma) {
+      const bool tma = t.dkv_tma && have_maps;
       if (dh == 64) {
-        launch_dkv_wgmma<64>(p, static_cast<int>(B), stream);
+        launch_dkv_wgmma<64>(p, maps, tma, static_cast<int>(B), stream);
       } else {
-        launch_dkv_wgmma<128>(p, static_cast<int>(B), stream);
+        launch_dkv_wgmma<128>(p, maps, tma, static_cast<int>(B), stream);
       }
     } else {
       run_dkv(dh, Variant{t.dkv_warps, t.dkv_br, t.dkv_mt}, p, static_cast<int>(B), stream);
     }
-    DqMaps maps;
-    if (t.dq_wgmma && t.dq_tma &&
-        tma::make_bthd_map(&maps.q, p.q, B, T, H, dh, p.q_sb, p.q_st, p.q_sh) &&
-        tma::make_bthd_map(&maps.dout, p.dout, B, T, H, dh, p.do_sb, p.do_st, p.do_sh) &&
-        tma::make_bthd_map(&maps.k, p.k, B, T, Hkv, dh, p.k_sb, p.k_st, p.k_sh) &&
-        tma::make_bthd_map(&maps.v, p.v, B, T, Hkv, dh, p.v_sb, p.v_st, p.v_sh)) {
+    if (t.dq_wgmma && t.dq_tma && have_maps) {
       if (dh == 64) {
         launch_dq_wgmma_tma<64>(p, maps, static_cast<int>(B), stream);
       } else {

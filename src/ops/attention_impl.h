@@ -40,6 +40,9 @@ struct CudaTiles {
   bool fwd_tma = false;
   // Dh 64: the dK/dV pass on warpgroup MMAs (attn_bwd_dkv_wgmma_kernel); dkv_* fields unused.
   bool dkv_wgmma = false;
+  // With dkv_wgmma: its K, V, Q and dO tiles loaded by the TMA unit where the tensors allow a
+  // tensor map.
+  bool dkv_tma = false;
   // Dh 64: the dQ pass on warpgroup MMAs (attn_bwd_dq_wgmma_kernel); dq_* fields unused.
   bool dq_wgmma = false;
   // With dq_wgmma: its tiles loaded by the TMA unit (attn_bwd_dq_wgmma_tma_kernel) where the
@@ -48,9 +51,10 @@ struct CudaTiles {
   // The order of the blocks (heavy_first in attention.cu): the bytes of tiles that one chunk of
   // (batch, head) rows streams, for the query-tile passes (forward, dQ) and the dK/dV pass; 1: one
   // row per chunk (each head's tiles together), 0: one chunk (the heaviest tiles of all heads
-  // first).
+  // first); -1 (dK/dV only): one chunk where the heaviest block is over a fifth of what each
+  // resident block runs on average (long or grouped sequences, few heads), else one row.
   int64_t q_chunk_bytes = 1;
-  int64_t kv_chunk_bytes = 0;
+  int64_t kv_chunk_bytes = -1;
   // Bytes of dSᵀ tiles held at once (the batch runs in chunks that fit); 0: 512 MiB.
   int64_t ds_budget_bytes = 0;
   // Fewest dK/dV blocks a chunk may have, else the separate dQ pass runs: one wave of key tiles

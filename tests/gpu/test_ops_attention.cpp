@@ -264,7 +264,8 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
       EXPECT_TRUE(within_bounds("lse", ls, down(lse), cpu.lse, ref.lse_bound));
     }
     for (const attn::CudaTiles& t : attn::candidate_bwd_tiles(static_cast<int>(Dh))) {
-      SCOPED_TRACE(t.dkv_wgmma    ? std::string(t.dq_tma     ? "bwd dkv+dq wgmma, dq TMA"
+      SCOPED_TRACE(t.dkv_wgmma    ? std::string(t.dkv_tma    ? "bwd dkv+dq wgmma, both TMA"
+                                                : t.dq_tma   ? "bwd dkv+dq wgmma, dq TMA"
                                                 : t.dq_wgmma ? "bwd dkv+dq wgmma"
                                                              : "bwd dkv wgmma")
                    : t.dq_from_ds ? std::string("bwd dkv storing dS, dq from dS")
@@ -284,11 +285,11 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
   }
 }
 
-// The TMA forward (the default) and the cp.async wgmma forward do the same arithmetic on the
-// same tiles, so they give the same bits: over lengths that end inside a tile, grouped heads,
-// views into a fused qkv row, and a [B, H, T, Dh] buffer seen as [B, T, H, Dh], for which no
-// tensor map is made and the cp.async kernel runs.
-TEST(AttentionGpu, TmaForwardGivesTheCpAsyncBits) {
+// The TMA passes (the default) and the cp.async wgmma passes do the same arithmetic on the same
+// tiles, so they give the same bits, forward and backward: over lengths that end inside a tile,
+// grouped heads, views into a fused qkv row, and a [B, H, T, Dh] buffer seen as [B, T, H, Dh],
+// for which no tensor map is made and the cp.async kernels run.
+TEST(AttentionGpu, TmaPassesGiveTheCpAsyncBits) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
   Context ctx(Device::cuda(0));
   for (int64_t Dh : {64, 128}) {
@@ -321,23 +322,39 @@ TEST(AttentionGpu, TmaForwardGivesTheCpAsyncBits) {
         // Column offsets in the fused row; block offsets (× B·T) otherwise.
         const TensorView q = view(0, H), k = view(H * Dh, Hkv), v = view((H + Hkv) * Dh, Hkv);
         const float scale = static_cast<float>(1.0 / std::sqrt(double(Dh)));
-        std::vector<uint16_t> out_bits[2];
+        std::vector<double> dout_vals(static_cast<size_t>(q_elems));
+        for (size_t i = 0; i < dout_vals.size(); ++i) {
+          dout_vals[i] = test::detail::philox_gauss(uint64_t(29 + T + Dh), 3, int64_t(i));
+        }
+        const Tensor dout = upload(dout_vals, {B, T, H, Dh}, DType::kBF16);
+        auto bits16 = [](const Tensor& t) {
+          const Tensor h = Tensor::copy_of(t.view(), Device::cpu());
+          return std::vector<uint16_t>(h.ptr<uint16_t>(), h.ptr<uint16_t>() + h.numel());
+        };
+        std::vector<uint16_t> got[2][4];  // [cp.async, TMA][out, dq, dk, dv]
         std::vector<float> lse_vals[2];
         for (int tma = 0; tma < 2; ++tma) {
           attn::CudaTiles t = attn::default_tiles(static_cast<int>(Dh));
-          t.fwd_wgmma = true;
-          t.fwd_tma = tma == 1;
+          t.fwd_wgmma = t.dkv_wgmma = t.dq_wgmma = true;
+          t.fwd_tma = t.dkv_tma = t.dq_tma = tma == 1;
           Tensor out = Tensor::empty({B, T, H, Dh}, DType::kBF16, Device::cuda(0));
           Tensor lse = Tensor::empty({B, H, T}, DType::kF32, Device::cuda(0));
           attn::attention_fwd_cuda(ctx, out, lse, q, k, v, scale, &t);
+          Tensor dq = Tensor::empty({B, T, H, Dh}, DType::kBF16, Device::cuda(0));
+          Tensor dk = Tensor::empty({B, T, Hkv, Dh}, DType::kBF16, Device::cuda(0));
+          Tensor dv = Tensor::empty({B, T, Hkv, Dh}, DType::kBF16, Device::cuda(0));
+          attn::attention_bwd_cuda(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale, &t);
           ctx.synchronize();
-          Tensor ho = Tensor::copy_of(out.view(), Device::cpu());
-          Tensor hl = Tensor::copy_of(lse.view(), Device::cpu());
-          out_bits[tma].assign(ho.ptr<uint16_t>(), ho.ptr<uint16_t>() + ho.numel());
+          const Tensor hl = Tensor::copy_of(lse.view(), Device::cpu());
           lse_vals[tma].assign(hl.ptr<float>(), hl.ptr<float>() + hl.numel());
+          got[tma][0] = bits16(out), got[tma][1] = bits16(dq);
+          got[tma][2] = bits16(dk), got[tma][3] = bits16(dv);
         }
-        EXPECT_EQ(out_bits[0], out_bits[1]);
-        EXPECT_EQ(lse_vals[0], lse_vals[1]);
+        EXPECT_EQ(got[0][0], got[1][0]) << "out";
+        EXPECT_EQ(lse_vals[0], lse_vals[1]) << "lse";
+        EXPECT_EQ(got[0][1], got[1][1]) << "dq";
+        EXPECT_EQ(got[0][2], got[1][2]) << "dk";
+        EXPECT_EQ(got[0][3], got[1][3]) << "dv";
       }
     }
   }
@@ -477,7 +494,7 @@ TEST(AttentionGpu, PerfSdpaShapes) {
         s.sdpa_ms > 0 ? total / s.sdpa_ms : 0.0);
     // The order of the blocks (attn::CudaTiles::q_chunk_bytes, kv_chunk_bytes): each head's
     // tiles together (1) or the heaviest tiles of all heads first (0), for the query-tile passes
-    // and for the dK/dV pass.
+    // and for the dK/dV pass (whose default, -1, picks one of the two).
     for (int64_t qc : {1, 0}) {
       for (int64_t kvc : {1, 0}) {
         attn::CudaTiles t = attn::default_tiles(static_cast<int>(s.Dh));
@@ -523,7 +540,8 @@ TEST(AttentionGpu, PerfSdpaShapes) {
           bwd_flops, 2, 10);
       if (t.dq_from_ds || t.dkv_wgmma) {
         std::printf("    bwd  %s: %.3f ms (%.1f TFLOP/s)\n",
-                    t.dkv_wgmma ? (t.dq_tma     ? "dkv wgmma + dq wgmma, TMA"
+                    t.dkv_wgmma ? (t.dkv_tma    ? "dkv wgmma + dq wgmma, both TMA"
+                                   : t.dq_tma   ? "dkv wgmma + dq wgmma, dq TMA"
                                    : t.dq_wgmma ? "dkv wgmma + dq wgmma"
                                                 : "dkv wgmma + dq")
                                 : "dkv storing dS + dq from dS",
