@@ -135,6 +135,43 @@ __device__ __forceinline__ void store_acc_row_bf16(uint16_t* row, const float (&
   }
 }
 
+// Stores a [64, kPanels·64] fp32 accumulator of a warpgroup (thread layout of
+// wgmma::mma_m64n64k16, panel by panel) times `scale` as bf16 rows at g + r·row_stride (rows
+// r < valid), staged through `tile` in shared memory (64 rows of kPanels·128 + 16 bytes): each
+// row leaves as whole 16-byte chunks, 16 threads to a 256-byte row, instead of the
+// accumulator's scattered 4-byte pairs — into rows of a wide fused gradient buffer those cost
+// ~6 % of the backward at T 4096 (partial sectors). The caller's shared memory at `tile` must
+// be free (a block barrier after its last products); ends with a block barrier.
+template <int kPanels>
+__device__ __forceinline__ void store_acc_tile_bf16(uint8_t* tile, const float (&acc)[kPanels][32],
+                                                    float scale, uint16_t* g, int64_t row_stride,
+                                                    int valid) {
+  constexpr int kPitch = kPanels * 128 + 16;  // ≡ 16 (mod 128): rows on distinct bank groups
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int lr = (tid >> 5) * 16 + (lane >> 2), c2 = 2 * (lane & 3);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int pn = 0; pn < kPanels; ++pn) {
+#pragma unroll
+      for (int jb = 0; jb < 8; ++jb) {
+        *reinterpret_cast<uint32_t*>(tile + (lr + 8 * r) * kPitch + (64 * pn + 8 * jb + c2) * 2) =
+            pack_bf16(acc[pn][4 * jb + 2 * r] * scale, acc[pn][4 * jb + 2 * r + 1] * scale);
+      }
+    }
+  }
+  __syncthreads();
+  constexpr int kChunks = kPanels * 8;  // 16-byte chunks per row
+  for (int i = tid; i < 64 * kChunks; i += 128) {
+    const int row = i / kChunks, c = i % kChunks;
+    if (row < valid) {
+      *reinterpret_cast<uint4*>(g + row * row_stride + 8 * c) =
+          *reinterpret_cast<const uint4*>(tile + row * kPitch + 16 * c);
+    }
+  }
+  __syncthreads();
+}
+
 // 2^x (ex2.approx: relative error ~2^-22; 2^-inf = +0).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -1341,18 +1378,12 @@ __global__ void __launch_bounds__(128)
     __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration it + 1
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = key_lo + 8 * r;
-    if (key >= T) continue;
-    uint16_t* dkrow = p.dk + b * p.dk_sb + key * p.dk_st + hkv * p.dk_sh + c2;
-    uint16_t* dvrow = p.dv + b * p.dv_sb + key * p.dv_st + hkv * p.dv_sh + c2;
-#pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn) {
-      store_acc_row_bf16(dkrow + 64 * pn, dk[pn], r, p.scale);
-      store_acc_row_bf16(dvrow + 64 * pn, dv[pn], r, 1.0f);
-    }
-  }
+  // dK · scale and dV as bf16, staged through the shared memory of the Q/dO stages (free now).
+  uint8_t* stage_tile = smem + (sQ - raw);
+  store_acc_tile_bf16<kPanels>(stage_tile, dk, p.scale,
+                               p.dk + b * p.dk_sb + k0 * p.dk_st + hkv * p.dk_sh, p.dk_st, T - k0);
+  store_acc_tile_bf16<kPanels>(stage_tile, dv, 1.0f,
+                               p.dv + b * p.dv_sb + k0 * p.dv_st + hkv * p.dv_sh, p.dv_st, T - k0);
 }
 
 // The elementwise part of the wgmma dQ pass on one [64 queries, 64 keys] tile, in place:
@@ -1385,19 +1416,13 @@ __device__ __forceinline__ void dq_tile_ds(float (&sv)[32], const float (&dpv)[3
   acc_to_a_bf16(sv, da);
 }
 
-// The dQ pass's epilogue: dQ · scale as bf16 for the thread's rows r_lo, r_lo + 8 (< T) of
-// (batch b, head h), columns c2 (+1) of every 8-column block.
+// The dQ pass's epilogue: dQ · scale as bf16 into the block's 64 query rows from q0 (< T) of
+// (batch b, head h), staged through the shared memory at `tile` (free by now).
 template <int kPanels>
-__device__ __forceinline__ void store_dq(const BwdParams& p, const float (&dqa)[kPanels][32], int b,
-                                         int h, int r_lo, int c2) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = r_lo + 8 * r;
-    if (row >= p.T) continue;
-    uint16_t* dqrow = p.dq + b * p.dq_sb + row * p.dq_st + h * p.dq_sh + c2;
-#pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn) store_acc_row_bf16(dqrow + 64 * pn, dqa[pn], r, p.scale);
-  }
+__device__ __forceinline__ void store_dq(const BwdParams& p, uint8_t* tile,
+                                         const float (&dqa)[kPanels][32], int b, int h, int q0) {
+  store_acc_tile_bf16<kPanels>(tile, dqa, p.scale, p.dq + b * p.dq_sb + q0 * p.dq_st + h * p.dq_sh,
+                               p.dq_st, p.T - q0);
 }
 
 // The dQ pass on warpgroup MMAs (Dh 64 and 128): one warpgroup owns 64 queries and streams
@@ -1477,7 +1502,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
     __syncthreads();  // stage `stage` is overwritten by the copy issued in iteration j + 1
   }
 
-  store_dq(p, dqa, b, h, r_lo, c2);
+  store_dq(p, smem + (base - smem_addr(smem)), dqa, b, h, q0);
 }
 
 // attn_bwd_dq_wgmma_kernel with its tiles brought in by the TMA unit (as the TMA forward): K and
@@ -1550,7 +1575,7 @@ __global__ void __launch_bounds__(128)
     // Every warp is done with K_j: its stage takes K_{j+1}.
     tiles.refill(more, sK, &maps.k, kBarK, hkv, (j + 1) * kB);
   }
-  store_dq(p, dqa, b, h, r_lo, c2);
+  store_dq(p, smem + (base - smem_addr(smem)), dqa, b, h, q0);
 }
 
 // Grid: (query tiles, B·H), reversed like the forward. Each warp owns kMt 16-query m-tiles.

@@ -492,6 +492,35 @@ TEST(AttentionGpu, PerfSdpaShapes) {
         static_cast<long long>(s.Dh), pf.ms, pf.tflop_per_s, pb.ms, pb.tflop_per_s, total,
         (fwd_flops + bwd_flops) / (total * 1e9), s.sdpa_ms,
         s.sdpa_ms > 0 ? total / s.sdpa_ms : 0.0);
+    // q, k, v as views into one fused [B, T, H + 2·Hkv, Dh] activation (as the model and
+    // `lowbit bench ops` have them), with contiguous gradients or gradient views into a fused
+    // buffer too: what the row stride of the views costs.
+    {
+      const int64_t W = s.H + 2 * s.Hkv;
+      Tensor fused = random_dev({s.B, s.T, W, s.Dh}, 5);
+      Tensor dfused = Tensor::empty({s.B, s.T, W, s.Dh}, DType::kBF16, Device::cuda(0));
+      auto heads = [&](const Tensor& t, int64_t h0, int64_t n) {
+        return TensorView(static_cast<uint16_t*>(const_cast<void*>(t.data())) + h0 * s.Dh,
+                          DType::kBF16, {s.B, s.T, n, s.Dh}, {s.T * W * s.Dh, W * s.Dh, s.Dh, 1},
+                          Device::cuda(0));
+      };
+      const TensorView fq = heads(fused, 0, s.H), fk = heads(fused, s.H, s.Hkv),
+                       fv = heads(fused, s.H + s.Hkv, s.Hkv);
+      const TensorView fdq = heads(dfused, 0, s.H), fdk = heads(dfused, s.H, s.Hkv),
+                       fdv = heads(dfused, s.H + s.Hkv, s.Hkv);
+      const test::Perf ff = test::time_gpu(
+          ctx, [&] { attention_fwd(ctx, out, lse, fq, fk, fv, scale); }, 0, fwd_flops, 2, 10);
+      const test::Perf fb = test::time_gpu(
+          ctx, [&] { attention_bwd(ctx, dq, dk, dv, dout, fq, fk, fv, out, lse, scale); }, 0,
+          bwd_flops, 2, 10);
+      const test::Perf fbf = test::time_gpu(
+          ctx, [&] { attention_bwd(ctx, fdq, fdk, fdv, dout, fq, fk, fv, out, lse, scale); }, 0,
+          bwd_flops, 2, 10);
+      std::printf(
+          "    fused qkv views: fwd %.3f ms; bwd %.3f ms (contiguous gradients), %.3f ms "
+          "(gradient views into a fused buffer)\n",
+          ff.ms, fb.ms, fbf.ms);
+    }
     // The order of the blocks (attn::CudaTiles::q_chunk_bytes, kv_chunk_bytes): each head's
     // tiles together (1) or the heaviest tiles of all heads first (0), for the query-tile passes
     // and for the dK/dV pass (whose default, -1, picks one of the two).
