@@ -2081,7 +2081,8 @@ std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
 
 std::vector<CudaTiles> candidate_bwd_tiles(int dh) {
   std::vector<CudaTiles> out;
-  // The wgmma dK/dV pass with the mma.sync dQ pass, the cp.async wgmma one and the TMA one.
+  // The cp.async wgmma dK/dV pass with the mma.sync dQ pass, the cp.async wgmma one and the TMA
+  // one; then the default (both wgmma passes on TMA).
   for (int dq : {0, 1, 2}) {
     CudaTiles t = default_tiles(dh);
     t.dkv_wgmma = true;
