@@ -308,11 +308,8 @@ __device__ __forceinline__ void load_kv_tile(const Params& p, uint32_t sK, uint3
 
 // The order of the blocks of the linear grids (heavy_first_grid): the (batch, head) rows come in
 // chunks of `chunk` rows, and within a chunk tile by tile from the one with the most causal work,
-// each tile over the chunk's rows. One row per chunk runs each head's tiles together, heaviest
-// first (blocks running at once share that head's K/V or Q/dO in L2); all rows in one chunk
-// start the heaviest tiles of every head first, so that none of them is left to run alone at
-// the end (a tail of up to a sixth of the dK/dV pass at T 4096, longer with grouped heads, whose
-// blocks each sum the whole group). Returns block blockIdx.x's tile, counted from the heaviest,
+// each tile over the chunk's rows. One row per chunk is BlockOrder::kHeadByHead, all rows in one
+// chunk kAllHeads (attention_impl.h). Returns block blockIdx.x's tile, counted from the heaviest,
 // and its row.
 struct TileRow {
   int tile, row;
@@ -568,6 +565,28 @@ __global__ void __launch_bounds__(kWarps * 32) attn_fwd_kernel(const FwdParams p
   }
 }
 
+// Zeroes a [64, kPanels·64] wgmma accumulator.
+template <int kPanels>
+__device__ __forceinline__ void zero_acc(float (&acc)[kPanels][32]) {
+#pragma unroll
+  for (int pn = 0; pn < kPanels; ++pn) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[pn][i] = 0.0f;
+  }
+}
+
+// O *= alpha by rows (the thread's two rows of a [64, kPanels·64] accumulator), skipped where
+// both factors are 1 (the rows' maxima did not move; multiplying by 1 changes nothing).
+template <int kPanels>
+__device__ __forceinline__ void rescale_acc(float (&o)[kPanels][32], const float (&alpha)[2]) {
+  if (alpha[0] == 1.0f && alpha[1] == 1.0f) return;
+#pragma unroll
+  for (int pn = 0; pn < kPanels; ++pn) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[pn][i] *= alpha[(i >> 1) & 1];
+  }
+}
+
 // Online softmax of one S tile in place (attn_fwd_kernel's arithmetic): s becomes the
 // fp32 P = 2^(scale_log2·(s − m_new)), m the new row maxima of the thread's two rows, l the
 // rescaled sums plus this tile's, and alpha the factor that rescales the old O.
@@ -659,11 +678,7 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
   // O [64, Dh], panel pn: columns 64pn + 8j + c2 (+1) of rows r_lo (o[pn][4j], o[pn][4j+1]) and
   // r_lo + 8 (o[pn][4j+2], o[pn][4j+3]).
   float o[kPanels][32];
-#pragma unroll
-  for (int pn = 0; pn < kPanels; ++pn) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) o[pn][i] = 0.0f;
-  }
+  zero_acc(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   for (int j = 0; j < n_kt; ++j) {
@@ -691,11 +706,7 @@ __global__ void __launch_bounds__(128) attn_fwd_wgmma_kernel(const FwdParams p) 
     if (k0 + kB - 1 > q0) mask_causal_tile(s, k0, r_lo, c2);
     float alpha[2];
     online_softmax_tile(s, m, l, alpha, p.scale_log2);
-#pragma unroll
-    for (int pn = 0; pn < kPanels; ++pn) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) o[pn][i] *= alpha[(i >> 1) & 1];
-    }
+    rescale_acc(o, alpha);
     // O += P·V, P rounded to bf16 (the sum l keeps the fp32 values).
     uint32_t pa[4][4];
     acc_to_a_bf16(s, pa);
@@ -734,8 +745,7 @@ __device__ __forceinline__ void issue_panels_rs(float (&acc)[kPanels][32],
 
 // The TMA side of a kernel that streams [64, Dh] tiles of [B, T, heads, Dh] tensors: `count`
 // mbarriers at `bar` (8 bytes apart), initialised by thread 0 (then __syncthreads; none for
-// count 0), and the copy
-// of one tile (kDh / 64 panels) of batch b, counted on one of them.
+// count 0), and the copy of one tile (kDh / 64 panels) of batch b, counted on one of them.
 template <int kDh>
 struct TmaTiles {
   uint32_t bar;
@@ -791,8 +801,7 @@ struct FwdMaps {
 // products and softmax per warpgroup), and the single stages halve its shared memory, so twice
 // as many blocks share an SM (3 or 4 instead of 2; registers cap Dh 128 at 3) and hide each
 // other's latencies.
-// O is rescaled only in rows whose maximum moved (alpha ≠ 1; multiplying by 1 changes nothing,
-// so the results are the same bits). Same arithmetic otherwise.
+// Same arithmetic.
 // Shared: Q | K | V ([64, Dh] each, panel layout, 1024-aligned) | 2 mbarriers (K, V).
 template <int kDh>
 __global__ void __launch_bounds__(128, kDh == 64 ? 4 : 3)
@@ -823,11 +832,7 @@ __global__ void __launch_bounds__(128, kDh == 64 ? 4 : 3)
   // O [64, Dh], panel pn: columns 64pn + 8j + c2 (+1) of rows r_lo (o[pn][4j], o[pn][4j+1]) and
   // r_lo + 8 (o[pn][4j+2], o[pn][4j+3]).
   float o[kPanels][32];
-#pragma unroll
-  for (int pn = 0; pn < kPanels; ++pn) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) o[pn][i] = 0.0f;
-  }
+  zero_acc(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   // Low descriptor words of the tiles (wgmma::desc_lo).
   const uint32_t q_lo = wgmma::desc_lo(sQ, 16), k_lo = wgmma::desc_lo(sK, 16);
@@ -847,13 +852,7 @@ __global__ void __launch_bounds__(128, kDh == 64 ? 4 : 3)
     if (k0 + kB - 1 > q0) mask_causal_tile(s, k0, r_lo, c2);
     float alpha[2];
     online_softmax_tile(s, m, l, alpha, p.scale_log2);
-    if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
-#pragma unroll
-      for (int pn = 0; pn < kPanels; ++pn) {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) o[pn][i] *= alpha[(i >> 1) & 1];
-      }
-    }
+    rescale_acc(o, alpha);
     // O += P·V, P rounded to bf16 (the sum l keeps the fp32 values).
     uint32_t pa[4][4];
     acc_to_a_bf16(s, pa);
@@ -1324,11 +1323,8 @@ __global__ void __launch_bounds__(128)
   // dK, dV [64 keys, Dh]: element i of panel pn at key key_lo + 8·((i>>1)&1), column 64pn +
   // 8·(i>>2) + c2 + (i&1).
   float dk[kPanels][32], dv[kPanels][32];
-#pragma unroll
-  for (int pn = 0; pn < kPanels; ++pn) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) dk[pn][i] = dv[pn][i] = 0.0f;
-  }
+  zero_acc(dk);
+  zero_acc(dv);
 
   for (int it = 0; it < n_it; ++it) {
     const int stage = it & 1;
@@ -1461,11 +1457,7 @@ __global__ void __launch_bounds__(128) attn_bwd_dq_wgmma_kernel(const BwdParams 
   // dQ [64 queries, Dh]: element i of panel pn at row r_lo + 8·((i>>1)&1), column 64pn +
   // 8·(i>>2) + c2 + (i&1).
   float dqa[kPanels][32];
-#pragma unroll
-  for (int pn = 0; pn < kPanels; ++pn) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) dqa[pn][i] = 0.0f;
-  }
+  zero_acc(dqa);
 
   for (int j = 0; j < n_kt; ++j) {
     const int stage = j & 1;
@@ -1543,11 +1535,7 @@ __global__ void __launch_bounds__(128)
   // dQ [64 queries, Dh]: element i of panel pn at row r_lo + 8·((i>>1)&1), column 64pn +
   // 8·(i>>2) + c2 + (i&1).
   float dqa[kPanels][32];
-#pragma unroll
-  for (int pn = 0; pn < kPanels; ++pn) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) dqa[pn][i] = 0.0f;
-  }
+  zero_acc(dqa);
   // Low descriptor words of the tiles (wgmma::desc_lo).
   const uint32_t q_lo = wgmma::desc_lo(sQ, 16), do_lo = wgmma::desc_lo(sdO, 16);
   const uint32_t k_lo = wgmma::desc_lo(sK, 16), v_lo = wgmma::desc_lo(sV, 16);
@@ -1814,30 +1802,26 @@ dim3 heavy_first_grid(int T, int tile_rows, int64_t rows) {
   return dim3(static_cast<unsigned>(tiles_of(T, tile_rows) * rows));
 }
 
-// Rows per chunk of a heavy_first grid whose rows each stream `bytes_per_row` of tiles (K and V
-// of the row's kv head, or Q and dO of a kv head's group): as many as fit `budget` bytes
-// (CudaTiles::q_chunk_bytes, kv_chunk_bytes), at least one; budget 0: all rows in one chunk.
-int chunk_rows(int64_t rows, int64_t bytes_per_row, int64_t budget) {
-  rows = std::max<int64_t>(rows, 1);
-  if (budget <= 0) return static_cast<int>(rows);
-  return static_cast<int>(
-      std::clamp<int64_t>(budget / std::max<int64_t>(bytes_per_row, 1), 1, rows));
+// Rows per chunk of a heavy_first grid of `rows` (batch, head) rows: one for kHeadByHead, all of
+// them for kAllHeads.
+int chunk_rows(int64_t rows, BlockOrder order) {
+  return order == BlockOrder::kAllHeads ? static_cast<int>(std::max<int64_t>(rows, 1)) : 1;
 }
 
-// CudaTiles::kv_chunk_bytes = -1: the wgmma dK/dV pass's blocks each run group × (key tiles
-// from theirs to the end) query tiles, so the heaviest block runs 2·slots / (rows·(n + 1)) of
-// what each of the `slots` resident blocks runs on average (n key tiles, rows = B·Hkv). Over a
-// fifth, a heavy block started late leaves a tail and the heaviest tiles of all heads go first
-// (one chunk, budget 0); else each head's tiles run together for the L2 (one row, budget 1).
-// H100, 2026-11-26: T 4096 with 4 kv heads (ratio 0.51) −12 %; B8 T2048 H16 Dh128 (0.125) +8 %
-// with all heads first.
-int64_t dkv_chunk_auto(Context& ctx, int64_t rows, int64_t T, int dh) {
+// BlockOrder::kAuto for the wgmma dK/dV pass: its blocks each run group × (key tiles from theirs
+// to the end) query tiles, so the heaviest block runs 2·slots / (rows·(n + 1)) of what each of
+// the `slots` resident blocks runs on average (n key tiles, rows = B·Hkv). Over a fifth, a heavy
+// block started late leaves a tail and the heaviest tiles of all heads go first. H100,
+// 2026-11-26: T 4096 with 4 kv heads (ratio 0.51) −12 %; B8 T2048 H16 Dh128 (0.125) +8 % with
+// all heads first.
+BlockOrder dkv_order(Context& ctx, BlockOrder order, int64_t rows, int64_t T, int dh) {
+  if (order != BlockOrder::kAuto) return order;
   int sms = 0;
   LOWBIT_CUDA_CHECK(
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device().index));
   const int64_t slots = int64_t(sms) * (dh == 128 ? 2 : 3);  // registers: 232 / 168 per thread
   const int64_t n = (T + 63) / 64;
-  return 10 * slots > rows * (n + 1) ? 0 : 1;  // 2·slots / (rows·(n + 1)) > 1/5
+  return 10 * slots > rows * (n + 1) ? BlockOrder::kAllHeads : BlockOrder::kHeadByHead;
 }
 
 template <int kDh, int kWarps, int kBc, int kMt>
@@ -2130,8 +2114,7 @@ void attention_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& l
   p.v_sb = v.strides[0], p.v_st = v.strides[1], p.v_sh = v.strides[2];
   p.o_sb = out.strides[0], p.o_st = out.strides[1], p.o_sh = out.strides[2];
   p.T = static_cast<int>(T), p.H = static_cast<int>(H), p.group = static_cast<int>(H / Hkv);
-  // A row streams K and V of its kv head, which the group's heads share.
-  p.chunk_q = chunk_rows(B * H, T * dh * 2 * 2 / p.group, t.q_chunk_bytes);
+  p.chunk_q = chunk_rows(B * H, t.q_order);
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;
   if (t.fwd_wgmma && t.fwd_tma) {
@@ -2224,12 +2207,8 @@ void attention_bwd_run(Context& ctx, const TensorView& dq, const TensorView& dk,
   p.dv_sb = dv.strides[0], p.dv_st = dv.strides[1], p.dv_sh = dv.strides[2];
   p.T = static_cast<int>(T), p.H = static_cast<int>(H), p.Hkv = static_cast<int>(Hkv);
   p.group = static_cast<int>(H / Hkv);
-  // Query-tile passes: K and V of the row's kv head (shared by its group); the dK/dV pass: Q
-  // and dO of the kv head's group.
-  p.chunk_q = chunk_rows(B * H, T * dh * 2 * 2 / p.group, t.q_chunk_bytes);
-  p.chunk_kv =
-      chunk_rows(B * Hkv, p.group * T * dh * 2 * 2,
-                 t.kv_chunk_bytes >= 0 ? t.kv_chunk_bytes : dkv_chunk_auto(ctx, B * Hkv, T, dh));
+  p.chunk_q = chunk_rows(B * H, t.q_order);
+  p.chunk_kv = chunk_rows(B * Hkv, dkv_order(ctx, t.kv_order, B * Hkv, T, dh));
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;
   if (!from_ds) {

@@ -23,6 +23,13 @@ void attention_bwd_ref(const TensorView& dq, const TensorView& dk, const TensorV
                        float scale);
 
 // ---- CUDA ---------------------------------------------------------------------------------
+// The order in which a pass's blocks run, each starting from its heaviest causal tile:
+// kHeadByHead runs each (batch, head)'s tiles together (the blocks running at once share that
+// head's tiles in L2); kAllHeads runs the heaviest tile of every head first (no heavy block is
+// left to run alone at the end); kAuto (dK/dV pass) picks kAllHeads where the heaviest block is
+// a large share of the work — long or grouped sequences, few heads — else kHeadByHead.
+enum class BlockOrder { kHeadByHead, kAllHeads, kAuto };
+
 // Tile shapes of the three kernel families. Each kernel gives every warp `mt` m-tiles of 16
 // rows of the block's tile (queries in the forward and the dQ pass, keys in the dK/dV pass), so
 // a block of `warps` warps owns 16·mt·warps rows and streams tiles of the other side.
@@ -48,13 +55,10 @@ struct CudaTiles {
   // With dq_wgmma: its tiles loaded by the TMA unit (attn_bwd_dq_wgmma_tma_kernel) where the
   // tensors allow a tensor map.
   bool dq_tma = false;
-  // The order of the blocks (heavy_first in attention.cu): the bytes of tiles that one chunk of
-  // (batch, head) rows streams, for the query-tile passes (forward, dQ) and the dK/dV pass; 1: one
-  // row per chunk (each head's tiles together), 0: one chunk (the heaviest tiles of all heads
-  // first); -1 (dK/dV only): one chunk where the heaviest block is over a fifth of what each
-  // resident block runs on average (long or grouped sequences, few heads), else one row.
-  int64_t q_chunk_bytes = 1;
-  int64_t kv_chunk_bytes = -1;
+  // The order of the blocks (heavy_first in attention.cu), for the query-tile passes (forward,
+  // dQ) and for the dK/dV pass.
+  BlockOrder q_order = BlockOrder::kHeadByHead;
+  BlockOrder kv_order = BlockOrder::kAuto;
   // Bytes of dSᵀ tiles held at once (the batch runs in chunks that fit); 0: 512 MiB.
   int64_t ds_budget_bytes = 0;
   // Fewest dK/dV blocks a chunk may have, else the separate dQ pass runs: one wave of key tiles

@@ -127,6 +127,10 @@ if [[ $json_path == cpu ]]; then
   grep -q "error: bench ops needs a CUDA GPU" "$tmp/err" ||
     fail "'lowbit bench ops' without a GPU does not say that it needs one"
   [[ ! -e $tmp/ops.jsonl ]] || fail "'lowbit bench ops' without a GPU wrote its --json-out file"
+  # --presets none (the copy and attention rows only) is a valid choice: the error is the GPU's.
+  run 2 bench ops --presets none
+  grep -q "error: bench ops needs a CUDA GPU" "$tmp/err" ||
+    fail "'lowbit bench ops --presets none' without a GPU does not say that it needs one"
 fi
 
 # quantize: a small safetensors checkpoint (a 64x64 BF16 matrix, a rank-1 F32 norm) converted

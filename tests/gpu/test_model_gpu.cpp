@@ -30,6 +30,16 @@ double rel_l2(const float* a, const float* b, int64_t n) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
+// [B, T] host token ids, uniform below the tiny vocabulary (512), from std::mt19937(seed).
+Tensor random_tokens(int B, int T, uint32_t seed) {
+  Tensor tokens = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+  std::mt19937 rng(seed);
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 512);
+  }
+  return tokens;
+}
+
 class GpuModel : public ::testing::TestWithParam<Recipe> {};
 
 TEST_P(GpuModel, ForwardBackwardAndFirstStepsMatchTheCpuTwin) {
@@ -94,11 +104,7 @@ TEST_P(GpuModel, RecomputedQuantizedInputsGiveIdenticalGradients) {
   if (r == Recipe::kBF16) GTEST_SKIP() << "bf16 keeps its inputs";
   const ModelConfig c = tiny();
   const int B = 4, T = 128;
-  Tensor tokens = Tensor::empty({B, T}, DType::kI32, Device::cpu());
-  std::mt19937 rng(8);
-  for (int64_t i = 0; i < tokens.numel(); ++i) {
-    tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 512);
-  }
+  const Tensor tokens = random_tokens(B, T, 8);
   // 0: recompute inputs and quantized weights (default); 1: keep the inputs; 2: keep the
   // quantized weights.
   std::vector<float> grads[3];
@@ -125,11 +131,7 @@ TEST_P(GpuModel, DeviceResidentTokensGiveTheHostTokensBits) {
   const Recipe r = GetParam();
   const ModelConfig c = tiny();
   const int B = 2, T = 64;
-  Tensor tokens = Tensor::empty({B, T}, DType::kI32, Device::cpu());
-  std::mt19937 rng(12);
-  for (int64_t i = 0; i < tokens.numel(); ++i) {
-    tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 512);
-  }
+  const Tensor tokens = random_tokens(B, T, 12);
   const Tensor dev_tokens = Tensor::copy_of(tokens.view(), Device::cuda(0));
   std::vector<float> grads[2];
   double losses[2] = {0, 0};
@@ -155,11 +157,7 @@ TEST_P(GpuModel, OverwrittenGradsEqualZeroedAndAccumulated) {
   const Recipe r = GetParam();
   const ModelConfig c = tiny();
   const int B = 4, T = 128;
-  Tensor tokens = Tensor::empty({B, T}, DType::kI32, Device::cpu());
-  std::mt19937 rng(10);
-  for (int64_t i = 0; i < tokens.numel(); ++i) {
-    tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 512);
-  }
+  const Tensor tokens = random_tokens(B, T, 10);
   std::vector<float> grads[2];
   for (int overwrite = 0; overwrite < 2; ++overwrite) {
     Context gpu(Device::cuda(0));
@@ -190,11 +188,7 @@ TEST_P(GpuModel, RecomputedBlockOutputsGiveIdenticalGradients) {
   const Recipe r = GetParam();
   const ModelConfig c = tiny();
   const int B = 4, T = 128;
-  Tensor tokens = Tensor::empty({B, T}, DType::kI32, Device::cpu());
-  std::mt19937 rng(9);
-  for (int64_t i = 0; i < tokens.numel(); ++i) {
-    tokens.ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 512);
-  }
+  const Tensor tokens = random_tokens(B, T, 9);
   std::vector<float> grads[2];
   for (int variant = 0; variant < 2; ++variant) {
     Context gpu(Device::cuda(0));

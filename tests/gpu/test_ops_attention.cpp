@@ -521,13 +521,13 @@ TEST(AttentionGpu, PerfSdpaShapes) {
           "(gradient views into a fused buffer)\n",
           ff.ms, fb.ms, fbf.ms);
     }
-    // The order of the blocks (attn::CudaTiles::q_chunk_bytes, kv_chunk_bytes): each head's
-    // tiles together (1) or the heaviest tiles of all heads first (0), for the query-tile passes
-    // and for the dK/dV pass (whose default, -1, picks one of the two).
-    for (int64_t qc : {1, 0}) {
-      for (int64_t kvc : {1, 0}) {
+    // The order of the blocks (attn::BlockOrder) for the query-tile passes and for the dK/dV
+    // pass (whose default, kAuto, picks one of the two per shape).
+    using attn::BlockOrder;
+    for (BlockOrder qo : {BlockOrder::kHeadByHead, BlockOrder::kAllHeads}) {
+      for (BlockOrder kvo : {BlockOrder::kHeadByHead, BlockOrder::kAllHeads}) {
         attn::CudaTiles t = attn::default_tiles(static_cast<int>(s.Dh));
-        t.q_chunk_bytes = qc, t.kv_chunk_bytes = kvc;
+        t.q_order = qo, t.kv_order = kvo;
         const test::Perf f = test::time_gpu(
             ctx, [&] { attn::attention_fwd_cuda(ctx, out, lse, q, k, v, scale, &t); }, 0, fwd_flops,
             2, 10);
@@ -535,8 +535,10 @@ TEST(AttentionGpu, PerfSdpaShapes) {
             ctx,
             [&] { attn::attention_bwd_cuda(ctx, dq, dk, dv, dout, q, k, v, out, lse, scale, &t); },
             0, bwd_flops, 2, 10);
-        std::printf("    order q %-13s kv %-13s fwd %.3f ms, bwd %.3f ms\n",
-                    qc == 1 ? "head by head" : "all heads", kvc == 1 ? "head by head" : "all heads",
+        auto name = [](BlockOrder o) {
+          return o == BlockOrder::kHeadByHead ? "head by head" : "all heads";
+        };
+        std::printf("    order q %-13s kv %-13s fwd %.3f ms, bwd %.3f ms\n", name(qo), name(kvo),
                     f.ms, bw.ms);
       }
     }
