@@ -56,8 +56,8 @@ struct CudaTiles {
   // tensors allow a tensor map.
   bool dq_tma = false;
   // The order of the blocks (heavy_first in attention.cu), for the query-tile passes (forward,
-  // dQ) and for the dK/dV pass.
-  BlockOrder q_order = BlockOrder::kHeadByHead;
+  // dQ) and for the dK/dV pass; kAuto picks one per shape (query_order, dkv_order).
+  BlockOrder q_order = BlockOrder::kAuto;
   BlockOrder kv_order = BlockOrder::kAuto;
   // Bytes of dSᵀ tiles held at once (the batch runs in chunks that fit); 0: 512 MiB.
   int64_t ds_budget_bytes = 0;

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -444,6 +445,16 @@ TEST(AttentionGpu, LongSequenceOnSampledRows) {
 
 // ---- performance: the PyTorch SDPA reference shapes --------------------------------------------
 
+// A bf16 tensor of standard normal values (seeded), on the GPU.
+Tensor random_dev(const Shape& sh, uint64_t seed) {
+  Tensor h = Tensor::empty(sh, DType::kBF16, Device::cpu());
+  for (int64_t i = 0; i < h.numel(); ++i) {
+    h.ptr<uint16_t>()[i] =
+        f32_to_bf16_rn(static_cast<float>(test::detail::philox_gauss(seed, 1, i)));
+  }
+  return Tensor::copy_of(h.view(), Device::cuda(0));
+}
+
 struct PerfShape {
   int64_t B, T, H, Hkv, Dh;
   double sdpa_ms;  // PyTorch SDPA fwd + bwd, H100, as given in the task that set the target
@@ -460,14 +471,6 @@ TEST(AttentionGpu, PerfSdpaShapes) {
   Context ctx(Device::cuda(0));
   for (const PerfShape& s : shapes) {
     const Shape qs{s.B, s.T, s.H, s.Dh}, ks{s.B, s.T, s.Hkv, s.Dh}, ls{s.B, s.H, s.T};
-    auto random_dev = [&](const Shape& sh, uint64_t seed) {
-      Tensor h = Tensor::empty(sh, DType::kBF16, Device::cpu());
-      for (int64_t i = 0; i < h.numel(); ++i) {
-        h.ptr<uint16_t>()[i] =
-            f32_to_bf16_rn(static_cast<float>(test::detail::philox_gauss(seed, 1, i)));
-      }
-      return Tensor::copy_of(h.view(), Device::cuda(0));
-    };
     Tensor q = random_dev(qs, 1), k = random_dev(ks, 2), v = random_dev(ks, 3),
            dout = random_dev(qs, 4);
     Tensor out = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
@@ -584,6 +587,67 @@ TEST(AttentionGpu, PerfSdpaShapes) {
           "%3d-key tiles: %.3f ms (%.1f TFLOP/s)\n",
           t.dkv_warps, t.dkv_mt, t.dkv_br, t.dq_warps, t.dq_mt, t.dq_bc, p.ms, p.tflop_per_s);
     }
+  }
+}
+
+// The block orders of the query-tile passes (forward, dQ) against each other at the benchmark's
+// shapes (`lowbit bench ops`) and the 1b preset's: rounds interleaved, median of the rounds, so
+// that clock drift during the run falls on both orders alike.
+TEST(AttentionGpu, PerfQueryBlockOrders) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  struct OrderShape {
+    int64_t B, T, H, Hkv, Dh;
+  };
+  const OrderShape shapes[] = {{16, 1024, 12, 12, 64}, {8, 2048, 12, 12, 64}, {4, 4096, 12, 12, 64},
+                               {16, 1024, 16, 4, 128}, {8, 2048, 16, 4, 128}, {4, 4096, 16, 4, 128},
+                               {8, 2048, 32, 8, 64},   {8, 2048, 16, 16, 128}};
+  Context ctx(Device::cuda(0));
+  using attn::BlockOrder;
+  for (const OrderShape& s : shapes) {
+    const Shape qs{s.B, s.T, s.H, s.Dh}, ks{s.B, s.T, s.Hkv, s.Dh}, ls{s.B, s.H, s.T};
+    Tensor q = random_dev(qs, 1), k = random_dev(ks, 2), v = random_dev(ks, 3),
+           dout = random_dev(qs, 4);
+    Tensor out = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
+    Tensor lse = Tensor::empty(ls, DType::kF32, Device::cuda(0));
+    Tensor dq = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
+    Tensor dk = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
+    Tensor dv = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
+    const float scale = static_cast<float>(1.0 / std::sqrt(double(s.Dh)));
+    const double fwd_flops = 4.0 * s.B * s.H * double(s.T) * s.T * s.Dh / 2;
+    const BlockOrder orders[] = {BlockOrder::kHeadByHead, BlockOrder::kAllHeads, BlockOrder::kAuto};
+    std::vector<double> f_ms[3], b_ms[3];
+    for (int round = 0; round < 5; ++round) {
+      for (int o = 0; o < 3; ++o) {
+        attn::CudaTiles t = attn::default_tiles(static_cast<int>(s.Dh));
+        t.q_order = orders[o];
+        f_ms[o].push_back(test::time_gpu(
+                              ctx,
+                              [&] { attn::attention_fwd_cuda(ctx, out, lse, q, k, v, scale, &t); },
+                              0, fwd_flops, 1, 10)
+                              .ms);
+        b_ms[o].push_back(test::time_gpu(
+                              ctx,
+                              [&] {
+                                attn::attention_bwd_cuda(ctx, dq, dk, dv, dout, q, k, v, out, lse,
+                                                         scale, &t);
+                              },
+                              0, 2.5 * fwd_flops, 1, 10)
+                              .ms);
+      }
+    }
+    auto median = [](std::vector<double> x) {
+      std::sort(x.begin(), x.end());
+      return x[x.size() / 2];
+    };
+    std::printf("attention B%lld T%lld H%lld Hkv%lld Dh%lld, q order (median of 5 rounds):",
+                static_cast<long long>(s.B), static_cast<long long>(s.T),
+                static_cast<long long>(s.H), static_cast<long long>(s.Hkv),
+                static_cast<long long>(s.Dh));
+    const char* names[] = {"head by head", "all heads", "auto"};
+    for (int o = 0; o < 3; ++o) {
+      std::printf("  %s fwd %.3f bwd %.3f ms", names[o], median(f_ms[o]), median(b_ms[o]));
+    }
+    std::printf("\n");
   }
 }
 
