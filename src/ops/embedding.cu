@@ -1,13 +1,21 @@
 // CUDA token embedding. Forward: a gather, one thread per 16-byte chunk of an output row.
 // Backward, deterministic without float atomics (the order of embedding_impl.h, bit for bit the
 // CPU twin's):
-//   1. keys[n] = tokens[n] (V for an out-of-range token, sorted last and skipped), vals[n] = n;
-//   2. a stable radix sort of the (key, val) pairs (CUB): equal tokens keep increasing positions;
-//   3. one block per chunk of kEmbeddingBwdChunk sorted entries sums each run of equal keys in it
+//   1. keys[n] = tokens[n] (V for an out-of-range token, sorted last and skipped), vals[n] = n,
+//      stably sorted by key, so equal tokens keep increasing positions. Up to
+//      kEmbeddingBwdMergeRankMaxRows tokens: a merge-rank sort (each segment of kSeg positions
+//      sorted by one block, then every entry's global rank counted by binary searches in the
+//      other segments, then scattered); beyond: a CUB radix sort (its one-sweep kernel runs on a
+//      handful of blocks at these sizes, so it is latency-bound and slower below that limit);
+//   2. one block per chunk of kEmbeddingBwdChunk sorted entries sums each run of equal keys in it
 //      (a "piece") in position order; a run wholly inside the chunk is added to dtable directly,
 //      a piece of a run that crosses a chunk boundary goes to a slot of the workspace;
-//   4. the chunk where such a run starts adds its pieces in chunk order and then to dtable.
+//   3. one warp per chunk boundary: where a run starts in that chunk and continues, its pieces
+//      are added in chunk order and then to dtable.
 // A token that occurs thousands of times is thus summed by many blocks, not serially by one.
+// Both sorts give the same (key, position) sequence, so the output bits do not depend on which
+// one ran.
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "core/pdl.cuh"
@@ -61,9 +69,133 @@ __global__ void embedding_keys_kernel(uint32_t* __restrict__ keys, int32_t* __re
   vals[n] = int32_t(n);
 }
 
+// ---- merge-rank sort (step 1 up to kEmbeddingBwdMergeRankMaxRows tokens) --------------------
+
+// Positions are cut into segments of kSeg; one block sorts a segment, blocked over its threads.
+// 1024: the rank kernel then searches ≤ 32 segments of 11 levels per entry, and holding all keys
+// in its shared memory takes 4 bytes per token (128 KiB at the row limit).
+constexpr int kSegThreads = 256;
+constexpr int kSegItems = 4;
+constexpr int kSeg = kSegThreads * kSegItems;
+constexpr int kSegLog2 = 10;
+static_assert(kSeg == 1 << kSegLog2, "the branchless searches need a power-of-two segment");
+// 227 KiB: the most dynamic shared memory one block may opt into on sm_90.
+static_assert((kEmbeddingBwdMergeRankMaxRows + kSeg - 1) / kSeg * kSeg * 4 <= 227 * 1024,
+              "the rank kernel holds every key in shared memory");
+// Threads of the rank kernel: one per entry; a block lies within one segment.
+constexpr int kRankThreads = 256;
+static_assert(kSeg % kRankThreads == 0, "a rank block must not straddle two segments");
+// Segments searched at once per thread (independent shared-memory loads in flight).
+constexpr int kRankGroup = 8;
+
+// CUB's block sort is stable over the blocked arrangement (thread t holds items t·kSegItems …),
+// which is position order here, so equal keys keep increasing positions.
+using SegmentSort = cub::BlockRadixSort<uint32_t, kSegThreads, kSegItems, int32_t>;
+
+// Block s: the keys of positions [s·kSeg, s·kSeg + len) of tokens [N], sorted stably, into
+// seg_keys [N] at the same range, with their positions into seg_vals [N]. An entry's index
+// within its segment is thus its rank among the segment's keys (ties by position).
+__global__ void __launch_bounds__(kSegThreads)
+    embedding_segment_sort_kernel(uint32_t* __restrict__ seg_keys, int32_t* __restrict__ seg_vals,
+                                  const int32_t* __restrict__ tokens, int n_rows, int64_t vocab,
+                                  int end_bit) {
+  pdl::grid_sync();
+  __shared__ typename SegmentSort::TempStorage tmp;
+  const int seg0 = blockIdx.x * kSeg;
+  // Past the end: the largest key of end_bit bits, ≥ V, so these sort after every real entry
+  // (after the V entries too, being later in the blocked order) and are not written back.
+  const uint32_t pad = uint32_t((uint64_t(1) << end_bit) - 1);
+  uint32_t key[kSegItems];
+  int32_t val[kSegItems];
+#pragma unroll
+  for (int i = 0; i < kSegItems; ++i) {
+    const int n = seg0 + threadIdx.x * kSegItems + i;
+    const int32_t tok = n < n_rows ? tokens[n] : 0;
+    key[i] = n >= n_rows ? pad : (tok >= 0 && tok < vocab) ? uint32_t(tok) : uint32_t(vocab);
+    val[i] = n;
+  }
+  SegmentSort(tmp).SortBlockedToStriped(key, val, 0, end_bit);
+  // Striped: item i of thread t has rank i·kSegThreads + t (coalesced stores).
+#pragma unroll
+  for (int i = 0; i < kSegItems; ++i) {
+    const int n = seg0 + i * kSegThreads + threadIdx.x;
+    if (n < n_rows) {
+      seg_keys[n] = key[i];
+      seg_vals[n] = val[i];
+    }
+  }
+}
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+
+// Entry g of seg_keys [N] (segment s = g / kSeg, index p within it, key k, position seg_vals[g])
+// goes to its place in the stable sort of all N entries: rank = p + Σ over segments t < s of
+// #(keys ≤ k) + Σ over t > s of #(keys < k) (equal keys of earlier segments have smaller
+// positions). keys_out [N], vals_out [N]: the sorted pairs. Dynamic shared memory: every
+// segment's keys, [segs, kSeg] u32, the last one padded with 0xFFFFFFFF (above every key and
+// search bound, so never counted).
+__global__ void __launch_bounds__(kRankThreads)
+    embedding_merge_rank_kernel(uint32_t* __restrict__ keys_out, int32_t* __restrict__ vals_out,
+                                const uint32_t* __restrict__ seg_keys,
+                                const int32_t* __restrict__ seg_vals, int n_rows) {
+  pdl::grid_sync();
+  extern __shared__ uint4 rank_smem[];
+  uint32_t* skeys = reinterpret_cast<uint32_t*>(rank_smem);  // [segs, kSeg]
+  const int segs = (n_rows + kSeg - 1) >> kSegLog2;
+  const int g = blockIdx.x * kRankThreads + threadIdx.x;
+  // Issued before the copy so that its latency overlaps it.
+  const int32_t pos = g < n_rows ? seg_vals[g] : 0;
+  // All 16-byte groups in flight at once (cp.async needs no registers); seg_keys is
+  // 256-byte aligned in the workspace.
+  const int full4 = n_rows / 4;
+  for (int i = threadIdx.x; i < full4; i += kRankThreads)
+    cp_async16(skeys + 4 * i, seg_keys + 4 * i);
+  for (int e = 4 * full4 + threadIdx.x; e < segs * kSeg; e += kRankThreads) {
+    skeys[e] = e < n_rows ? seg_keys[e] : 0xFFFFFFFFu;
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+  if (g >= n_rows) return;
+  const int s = g >> kSegLog2;
+  const uint32_t k = skeys[g];
+  int rank = g & (kSeg - 1);
+  // The threads of a warp hold consecutive sorted keys of one segment, so their searches in
+  // a segment follow nearly the same path: mostly broadcasts, few bank conflicts.
+  for (int t0 = 0; t0 < segs; t0 += kRankGroup) {
+    const uint32_t* base[kRankGroup];
+    uint32_t bound[kRankGroup];
+    int cnt[kRankGroup];
+#pragma unroll
+    for (int u = 0; u < kRankGroup; ++u) {
+      const int t = t0 + u;
+      base[u] = skeys + (min(t, segs - 1) << kSegLog2);  // past segs: searched, not counted
+      bound[u] = t < s ? k + 1 : k;  // #(keys < k + 1) = #(keys ≤ k); k ≤ V < 2³¹
+      cnt[u] = 0;
+    }
+    // Branchless lower bound: cnt = #(keys < bound) in [0, kSeg].
+#pragma unroll
+    for (int step = kSeg / 2; step >= 1; step /= 2) {
+#pragma unroll
+      for (int u = 0; u < kRankGroup; ++u)
+        cnt[u] += base[u][cnt[u] + step - 1] < bound[u] ? step : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kRankGroup; ++u) {
+      cnt[u] += base[u][cnt[u]] < bound[u] ? 1 : 0;
+      const int t = t0 + u;
+      if (t < segs && t != s) rank += cnt[u];
+    }
+  }
+  keys_out[rank] = k;
+  vals_out[rank] = pos;
+}
+
 constexpr int kChunk = int(kEmbeddingBwdChunk);
 
-// Step 3. Blocks (b, ·) sum sorted entries [b·C, b·C + C) of dout [N, D] by runs of equal keys
+// Step 2. Blocks (b, ·) sum sorted entries [b·C, b·C + C) of dout [N, D] by runs of equal keys
 // ("pieces"): thread (x, y) handles the piece that starts at entry y of the chunk, if one does,
 // for columns of lane x, so that distinct tokens are summed in parallel and only repeats of one
 // token are sequential. slots [chunks, 2, D] f32: [b][0] the chunk's first piece when its run
@@ -130,31 +262,91 @@ __global__ void embedding_bwd_chunk_kernel(float* __restrict__ dtable, float* __
   }
 }
 
-// Step 4. Block b: if the run of its last key starts in chunk b and continues, total =
-// slots[b][1] + slots[b+1][0] + … (in chunk order) and dtable row += total.
-__global__ void embedding_bwd_carry_kernel(float* __restrict__ dtable,
-                                           const float* __restrict__ slots,
-                                           const uint32_t* __restrict__ keys, int64_t n_rows,
-                                           int64_t d, int64_t vocab) {
+// Step 3. Warp w of block (x, y) takes the boundary after chunk b = x·kCarryWarps + w: if the run
+// of chunk b's last key starts in chunk b and continues, total = slots[b][1] + slots[b+1][0] +
+// … (in chunk order) and dtable row += total, for the columns of column tile y. Most boundaries
+// carry nothing and their warps leave after one round of key loads.
+constexpr int kCarryWarps = 8;
+// Column groups per lane (kE columns each), their loads issued together.
+constexpr int kCarryUnroll = 4;
+
+template <bool kVec>
+__global__ void __launch_bounds__(kCarryWarps* kWarp)
+    embedding_bwd_carry_kernel(float* __restrict__ dtable, const float* __restrict__ slots,
+                               const uint32_t* __restrict__ keys, int64_t n_rows, int64_t d,
+                               int64_t vocab) {
   pdl::grid_sync();
-  __shared__ int64_t last_chunk;
-  const int64_t b = blockIdx.x, start = b * kChunk, end = min(n_rows, start + kChunk);
-  if (end >= n_rows) return;
-  const uint32_t key = keys[end - 1];
-  if (key >= vocab || keys[end] != key) return;
-  if (keys[start] == key && start > 0 && keys[start - 1] == key) return;  // not the run's start
-  if (threadIdx.x == 0) {
-    // The run covers chunks b+1 … b2 entirely while it continues past their ends.
-    int64_t b2 = b + 1;
-    while ((b2 + 1) * kChunk < n_rows && keys[(b2 + 1) * kChunk] == key) ++b2;
-    last_chunk = b2;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t b = int64_t(blockIdx.x) * kCarryWarps + threadIdx.x / kWarp;
+  const int64_t start = b * kChunk, end = start + kChunk;
+  if (end >= n_rows) return;  // no boundary after the last chunk
+  const uint32_t key = keys[end - 1], next = keys[end], first = keys[start];
+  // 0xFFFFFFFF: no entry before chunk 0 (never equal to a key < V < 2³¹).
+  const uint32_t before = start > 0 ? keys[start - 1] : 0xFFFFFFFFu;
+  if (key >= vocab || next != key) return;
+  if (first == key && before == key) return;  // the run started in an earlier chunk
+  // b_last: the first chunk c > b past whose end the run does not continue; lanes test 32
+  // chunks per round (the run is contiguous, so the answer is the first failing lane).
+  int64_t b_last = b + 1;
+  for (;;) {
+    const int64_t c = b_last + lane;
+    const bool cont = (c + 1) * kChunk < n_rows && keys[(c + 1) * kChunk] == key;
+    const unsigned stop = __ballot_sync(0xFFFFFFFFu, !cont);
+    if (stop != 0) {
+      b_last += __ffs(stop) - 1;
+      break;
+    }
+    b_last += kWarp;
   }
-  __syncthreads();
-  const int64_t b_last = last_chunk;
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    float total = slots[(2 * b + 1) * d + c];
-    for (int64_t bb = b + 1; bb <= b_last; ++bb) total += slots[(2 * bb) * d + c];
-    dtable[int64_t(key) * d + c] += total;
+  constexpr int kE = kVec ? 4 : 1;  // kVec: d % 4 == 0, float4 columns
+  constexpr int kTile = kCarryUnroll * kWarp * kE;
+  float* row = dtable + int64_t(key) * d;
+  for (int64_t c0 = int64_t(blockIdx.y) * kTile + lane * kE; c0 < d;
+       c0 += int64_t(gridDim.y) * kTile) {
+    float cur[kCarryUnroll][kE], tot[kCarryUnroll][kE];
+    auto load = [&](float(&v)[kE], const float* p) {
+      if constexpr (kVec) {
+        const float4 q = *reinterpret_cast<const float4*>(p);
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+      } else {
+        v[0] = *p;
+      }
+    };
+    // The dtable row (likely not cached: no piece of this run went to it) is loaded first, so
+    // that its latency overlaps the slots'. Only this warp touches these columns of the row.
+#pragma unroll
+    for (int u = 0; u < kCarryUnroll; ++u) {
+      const int64_t c = c0 + u * kWarp * kE;
+      if (c < d) {
+        load(cur[u], row + c);
+        load(tot[u], slots + (2 * b + 1) * d + c);
+      }
+    }
+#pragma unroll 4
+    for (int64_t bb = b + 1; bb <= b_last; ++bb) {
+#pragma unroll
+      for (int u = 0; u < kCarryUnroll; ++u) {
+        const int64_t c = c0 + u * kWarp * kE;
+        if (c >= d) continue;
+        float v[kE];
+        load(v, slots + (2 * bb) * d + c);
+#pragma unroll
+        for (int k = 0; k < kE; ++k) tot[u][k] += v[k];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCarryUnroll; ++u) {
+      const int64_t c = c0 + u * kWarp * kE;
+      if (c >= d) continue;
+      float v[kE];
+#pragma unroll
+      for (int k = 0; k < kE; ++k) v[k] = cur[u][k] + tot[u][k];
+      if constexpr (kVec) {
+        *reinterpret_cast<float4*>(row + c) = make_float4(v[0], v[1], v[2], v[3]);
+      } else {
+        row[c] = v[0];
+      }
+    }
   }
 }
 
@@ -184,36 +376,56 @@ void embedding_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& t
 }
 
 void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView& tokens,
-                        const TensorView& dout) {
+                        const TensorView& dout, EmbeddingSort sort) {
   const int64_t n_rows = dout.size(0), d = dout.size(1), vocab = dtable.size(0);
   LOWBIT_USER_CHECK(n_rows < (int64_t(1) << 31) && vocab < (int64_t(1) << 31),
                     "embedding_bwd: {} tokens and a vocabulary of {} exceed the GPU kernel's "
                     "32-bit indices",
                     n_rows, vocab);
+  const bool merge_rank = sort == EmbeddingSort::kMergeRank ||
+                          (sort == EmbeddingSort::kAuto && n_rows <= kEmbeddingBwdMergeRankMaxRows);
+  LOWBIT_CHECK(!merge_rank || n_rows <= kEmbeddingBwdMergeRankMaxRows,
+               "embedding_bwd: the merge-rank sort takes at most {} tokens, not {}",
+               kEmbeddingBwdMergeRankMaxRows, n_rows);
   cudaStream_t s = ctx.stream();
   // Keys 0..V (V marks an invalid token): sort only the bits needed.
   int end_bit = 1;
   while ((uint64_t(1) << end_bit) <= uint64_t(vocab)) ++end_bit;
   const int n = int(n_rows);
   size_t cub_bytes = 0;
-  LOWBIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, cub_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
-      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, end_bit, s));
+  if (!merge_rank) {
+    LOWBIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        nullptr, cub_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, end_bit, s));
+  }
   const int64_t chunks = ceil_div(n_rows, kChunk);
   const size_t arr = align256(size_t(n) * 4);
   const size_t slot_bytes = align256(size_t(chunks) * 2 * size_t(d) * sizeof(float));
   uint8_t* ws = static_cast<uint8_t*>(ctx.workspace(4 * arr + slot_bytes + align256(cub_bytes)));
+  // keys_in / vals_in: the merge-rank sort's per-segment sorted pairs, or the radix sort's input.
   uint32_t* keys_in = reinterpret_cast<uint32_t*>(ws);             // [N]
   int32_t* vals_in = reinterpret_cast<int32_t*>(ws + arr);         // [N]
   uint32_t* keys_out = reinterpret_cast<uint32_t*>(ws + 2 * arr);  // [N], sorted
   int32_t* vals_out = reinterpret_cast<int32_t*>(ws + 3 * arr);    // [N], positions by key
   float* slots = reinterpret_cast<float*>(ws + 4 * arr);           // [chunks, 2, D]
-  void* cub_tmp = ws + 4 * arr + slot_bytes;
-  pdl::launch(embedding_keys_kernel, int(ceil_div(n_rows, kThreads)), kThreads, 0, s, keys_in,
-              vals_in, tokens.ptr<const int32_t>(), n_rows, vocab);
-  LOWBIT_CUDA_CHECK_LAUNCH();
-  LOWBIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_tmp, cub_bytes, keys_in, keys_out, vals_in,
-                                                    vals_out, n, 0, end_bit, s));
+  if (merge_rank) {
+    const int segs = int(ceil_div(n_rows, kSeg));
+    pdl::launch(embedding_segment_sort_kernel, segs, kSegThreads, 0, s, keys_in, vals_in,
+                tokens.ptr<const int32_t>(), n, vocab, end_bit);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    const size_t smem = size_t(segs) * kSeg * sizeof(uint32_t);
+    allow_dynamic_smem(embedding_merge_rank_kernel, smem);
+    pdl::launch(embedding_merge_rank_kernel, int(ceil_div(n_rows, kRankThreads)), kRankThreads,
+                smem, s, keys_out, vals_out, keys_in, vals_in, n);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+  } else {
+    void* cub_tmp = ws + 4 * arr + slot_bytes;
+    pdl::launch(embedding_keys_kernel, int(ceil_div(n_rows, kThreads)), kThreads, 0, s, keys_in,
+                vals_in, tokens.ptr<const int32_t>(), n_rows, vocab);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+    LOWBIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_tmp, cub_bytes, keys_in, keys_out,
+                                                      vals_in, vals_out, n, 0, end_bit, s));
+  }
   float* dt = dtable.ptr<float>();
   const uint16_t* dy = dout.ptr<const uint16_t>();
   const bool vec = d % 8 == 0 && aligned16(dt) && aligned16(dy);
@@ -231,9 +443,19 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
                 dy, n_rows, d, vocab);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
-  const int carry_threads = int(std::min<int64_t>(kThreads, ceil_div(d, kWarp) * kWarp));
-  pdl::launch(embedding_bwd_carry_kernel, grid.x, carry_threads, 0, s, dt, slots, keys_out, n_rows,
-              d, vocab);
+  // Carry: float4 columns where rows allow (slots rows are 16-byte aligned when d % 4 == 0).
+  const bool carry_vec = d % 4 == 0 && aligned16(dt);
+  const int64_t carry_tile = int64_t(kCarryUnroll) * kWarp * (carry_vec ? 4 : 1);
+  const dim3 carry_grid(static_cast<unsigned>(ceil_div(chunks, kCarryWarps)),
+                        static_cast<unsigned>(std::min<int64_t>(ceil_div(d, carry_tile), 65535)));
+  const int carry_threads = kCarryWarps * kWarp;
+  if (carry_vec) {
+    pdl::launch(embedding_bwd_carry_kernel<true>, carry_grid, carry_threads, 0, s, dt, slots,
+                keys_out, n_rows, d, vocab);
+  } else {
+    pdl::launch(embedding_bwd_carry_kernel<false>, carry_grid, carry_threads, 0, s, dt, slots,
+                keys_out, n_rows, d, vocab);
+  }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

@@ -24,7 +24,15 @@ void embedding_bwd_cpu(const TensorView& dtable, const TensorView& tokens, const
 // forward and are skipped by the backward.
 void embedding_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& tokens,
                         const TensorView& table);
+// How embedding_bwd_cuda sorts the (token, position) pairs. Both sorts are stable, so they give
+// the same sequence and the same output bits; kAuto takes the merge-rank sort up to
+// kEmbeddingBwdMergeRankMaxRows tokens and the radix sort beyond. Tests force one or the other.
+enum class EmbeddingSort { kAuto, kMergeRank, kRadix };
+// The most tokens the merge-rank sort takes: its rank kernel holds all N keys in one block's
+// shared memory (4·N bytes, 128 KiB here). Below it the merge-rank sort is faster (a few µs,
+// on many SMs); the radix sort's passes run on only a few blocks at these sizes.
+inline constexpr int64_t kEmbeddingBwdMergeRankMaxRows = 32768;
 void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView& tokens,
-                        const TensorView& dout);
+                        const TensorView& dout, EmbeddingSort sort = EmbeddingSort::kAuto);
 
 }  // namespace lowbit::ops_detail

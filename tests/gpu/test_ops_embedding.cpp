@@ -1,11 +1,14 @@
 // Token embedding on the GPU against the CPU twin: the gather bit for bit, the scatter-add bit for
-// bit (same summation order, so also run-to-run deterministic), out-of-range tokens, guards.
+// bit (same summation order, so also run-to-run deterministic), out-of-range tokens, guards. The
+// backward's two sorts (merge-rank, radix) against each other, byte for byte.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "lowbit/ops.h"
+#include "ops/embedding_impl.h"
 #include "ops/op_harness.h"
 
 namespace lowbit::test {
@@ -39,6 +42,91 @@ OpCase bwd_case(Shape2 s, int64_t vocab, const Fill& fill) {
   return c;
 }
 
+using ops_detail::EmbeddingSort;
+
+const char* sort_name(EmbeddingSort sort) {
+  switch (sort) {
+    case EmbeddingSort::kMergeRank: return "merge-rank";
+    case EmbeddingSort::kRadix: return "radix";
+    default: return "auto";
+  }
+}
+
+// A backward whose GPU run sorts by `sort`; its CPU run is the twin (valid tokens only).
+OpCase bwd_sort_case(Shape2 s, int64_t vocab, const Fill& tokens, EmbeddingSort sort,
+                     const Fill& dout = Fill::gaussian()) {
+  OpCase c;
+  c.name = fmt::format("embedding_bwd {}x{} V={} tokens {} dout {} sort {}", s.n, s.d, vocab,
+                       tokens.name(), dout.name(), sort_name(sort));
+  c.args = {in("tokens", DType::kI32, {s.n}, tokens), in("dout", DType::kBF16, {s.n, s.d}, dout),
+            inout("dtable", DType::kF32, {vocab, s.d}, Fill::gaussian(), Tol::exact())};
+  c.run = [sort](Context& ctx, const Args& a) {
+    if (ctx.on_gpu()) {
+      ops_detail::embedding_bwd_cuda(ctx, a["dtable"], a["tokens"], a["dout"], sort);
+    } else {
+      embedding_bwd(ctx, a["dtable"], a["tokens"], a["dout"]);
+    }
+  };
+  return c;
+}
+
+// Runs the backward on the GPU once with each sort from the same inputs: dtable's bytes must be
+// identical (the sorts give the same (token, position) order). Also fails when dtable did not
+// change although some token is valid (both runs skipping everything would agree vacuously), or
+// changed although none is.
+::testing::AssertionResult sorts_agree(Shape2 s, int64_t vocab, const Fill& tokens,
+                                       const Fill& dout = Fill::gaussian()) {
+  const std::string what = fmt::format("embedding_bwd {}x{} V={} tokens {} dout {}", s.n, s.d,
+                                       vocab, tokens.name(), dout.name());
+  const OpRun merge =
+      run_op(bwd_sort_case(s, vocab, tokens, EmbeddingSort::kMergeRank, dout), Device::cuda(0));
+  const OpRun radix = run_op(bwd_sort_case(s, vocab, tokens, EmbeddingSort::kRadix, dout),
+                             Device::cuda(0), 1, &merge);
+  if (!merge.integrity.empty())
+    return ::testing::AssertionFailure() << what << ": " << merge.integrity;
+  if (!radix.integrity.empty())
+    return ::testing::AssertionFailure() << what << ": " << radix.integrity;
+  const detail::Buffer& a = merge.buf("dtable");
+  const detail::Buffer& b = radix.buf("dtable");
+  const uint8_t* pa = static_cast<const uint8_t*>(a.host.data());  // [guard | V·D f32 | guard]
+  const uint8_t* pb = static_cast<const uint8_t*>(b.host.data());
+  const size_t bytes = a.initial.size();
+  if (std::memcmp(pa, pb, bytes) != 0) {
+    size_t i = 0;
+    while (pa[i] == pb[i]) ++i;
+    // The guards are intact (checked above), so the byte lies in an element.
+    const int64_t e = (int64_t(i) - detail::kGuardBytes) / 4;
+    const std::vector<double> va = a.values(), vb = b.values();
+    return ::testing::AssertionFailure()
+           << what << ": dtable differs first at byte " << i << ", element "
+           << detail::coords(a.spec.shape, e) << ": merge-rank " << va[e] << ", radix " << vb[e];
+  }
+  bool any_valid = false;
+  for (double t : merge.values("tokens")) any_valid |= t >= 0 && t < double(vocab);
+  const bool updated = std::memcmp(pa, a.initial.data(), bytes) != 0;
+  if (updated != any_valid) {
+    return ::testing::AssertionFailure()
+           << what
+           << (any_valid ? ": dtable was not updated" : ": no valid token, yet dtable changed");
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Token patterns for the sorts (vocab V): out-of-range and negative tokens mixed with valid ones
+// (the int32 extremes included), and runs of one token over `len` consecutive positions.
+Fill invalid_mix(int64_t vocab) {
+  return Fill::custom("invalid mix", [vocab](int64_t i) {
+    if (i % 97 == 0) return i % 2 ? -2147483648.0 : 2147483647.0;
+    if (i % 3 == 0) return -1.0 - double(i % 5);
+    if (i % 3 == 1) return double(vocab + i % 4);
+    return double((i * 7919) % vocab);
+  });
+}
+Fill runs_of(int64_t len, int64_t vocab) {
+  return Fill::custom(fmt::format("runs of {}", len),
+                      [len, vocab](int64_t i) { return double((i / len) % vocab); });
+}
+
 TEST(GpuEmbedding, ForwardMatchesCpuBitForBit) {
   for (const Shape2& s : kShapes) {
     for (const Fill& fill : standard_fills()) {
@@ -55,6 +143,64 @@ TEST(GpuEmbedding, BackwardMatchesCpuBitForBit) {
       if (s.n * s.d <= 993 * 512) EXPECT_TRUE(compare_cpu_gpu(bwd_case(s, 128256, fill)));
     }
   }
+}
+
+// Random tokens: the merge-rank sort (the default up to kEmbeddingBwdMergeRankMaxRows tokens)
+// and the radix sort give the same bytes, across segment sizes (1024 positions) and chunk
+// sizes, for vectorised (D % 8 == 0) and scalar rows.
+TEST(GpuEmbedding, BackwardSortsAgreeBitForBit) {
+  for (int64_t n : {1, 2, 255, 256, 257, 1000, 16384, 20000}) {
+    for (int64_t d : {768, 5, 72}) {
+      EXPECT_TRUE(sorts_agree({n, d}, 1000, Fill::ints(0, 1000)));
+      // A LLaMA-sized vocabulary (most tokens distinct); dtable kept small.
+      if (d < 768) {
+        EXPECT_TRUE(sorts_agree({n, d}, 128256, Fill::ints(0, 128256)));
+      }
+    }
+  }
+  // NaN and infinities in dout propagate identically.
+  EXPECT_TRUE(sorts_agree({5000, 72}, 50, Fill::ints(0, 50), Fill::specials()));
+  // The largest batch the merge-rank sort takes.
+  EXPECT_TRUE(
+      sorts_agree({ops_detail::kEmbeddingBwdMergeRankMaxRows, 8}, 1000, Fill::ints(0, 1000)));
+}
+
+// Token patterns that stress the sort's ties and the carry across chunks: one token N times (a
+// run crossing every chunk and segment), out-of-range and negative tokens (key V, sorted last and
+// skipped), V = 1, three tokens (every token in every segment: ties across segments decided by
+// position), and runs of consecutive positions crossing segment boundaries.
+TEST(GpuEmbedding, BackwardSortsAgreeOnRepeatsAndInvalidTokens) {
+  for (int64_t n : {1000, 16384, 20000}) {
+    for (int64_t d : {768, 5}) {
+      EXPECT_TRUE(sorts_agree({n, d}, 1000, Fill::constant(7)));
+      EXPECT_TRUE(sorts_agree({n, d}, 1000, invalid_mix(1000)));
+      EXPECT_TRUE(sorts_agree({n, d}, 1, Fill::zeros()));
+      EXPECT_TRUE(sorts_agree({n, d}, 1, invalid_mix(1)));
+      EXPECT_TRUE(sorts_agree({n, d}, 3, Fill::ints(0, 3)));
+      EXPECT_TRUE(sorts_agree({n, d}, 50, runs_of(700, 50)));
+      EXPECT_TRUE(sorts_agree({n, d}, 1000, runs_of(3, 1000)));
+    }
+  }
+  // Nothing valid: dtable stays as it was (checked by sorts_agree).
+  EXPECT_TRUE(sorts_agree({3000, 24}, 10, Fill::constant(-1)));
+}
+
+// Each sort, forced, against the CPU twin (the default path is covered by
+// BackwardMatchesCpuBitForBit), and the default beyond the merge-rank sort's limit.
+TEST(GpuEmbedding, BackwardEachSortMatchesCpuBitForBit) {
+  for (EmbeddingSort sort : {EmbeddingSort::kMergeRank, EmbeddingSort::kRadix}) {
+    for (int64_t n : {257, 20000}) {
+      for (int64_t d : {72, 5}) {
+        EXPECT_TRUE(compare_cpu_gpu(bwd_sort_case({n, d}, 1000, Fill::ints(0, 1000), sort)));
+        EXPECT_TRUE(compare_cpu_gpu(bwd_sort_case({n, d}, 1000, Fill::constant(7), sort)));
+        EXPECT_TRUE(compare_cpu_gpu(bwd_sort_case({n, d}, 3, Fill::ints(0, 3), sort)));
+        EXPECT_TRUE(compare_cpu_gpu(bwd_sort_case({n, d}, 50, runs_of(700, 50), sort)));
+      }
+    }
+  }
+  const int64_t above = ops_detail::kEmbeddingBwdMergeRankMaxRows + 1;
+  EXPECT_TRUE(compare_cpu_gpu(bwd_case({above, 8}, 1000, Fill::gaussian())));
+  EXPECT_TRUE(compare_cpu_gpu(bwd_case({above, 8}, 7, Fill::gaussian())));
 }
 
 TEST(GpuEmbedding, OutOfRangeTokensGiveNanRows) {
@@ -104,12 +250,16 @@ TEST(GpuEmbeddingPerf, Bandwidth) {
     OpRun tok = run_op({"tokens", {bc.args[0]}, [](Context&, const Args&) {}}, Device::cpu());
     std::set<double> distinct;
     for (double t : tok.values("tokens")) distinct.insert(t);
-    const Perf b = time_op(ctx, bc, 2.0 * n * d + 8.0 * double(distinct.size()) * d);
+    const double bwd_bytes = 2.0 * n * d + 8.0 * double(distinct.size()) * d;
+    const Perf b = time_op(ctx, bc, bwd_bytes);
+    // The radix sort on the same case, for reference (the default here is the merge-rank sort).
+    const Perf br = time_op(
+        ctx, bwd_sort_case({n, d}, vocab, Fill::ints(0, vocab), EmbeddingSort::kRadix), bwd_bytes);
     std::printf(
         "embedding N=%ld D=%ld: copy %.0f GB/s | fwd %s (%.0f%%) | bwd %s (%.0f%%, %zu distinct "
-        "tokens)\n",
+        "tokens) | bwd radix sort %s (%.0f%%)\n",
         long(n), long(d), copy, f.str().c_str(), 100 * f.gb_per_s / copy, b.str().c_str(),
-        100 * b.gb_per_s / copy, distinct.size());
+        100 * b.gb_per_s / copy, distinct.size(), br.str().c_str(), 100 * br.gb_per_s / copy);
   }
 }
 
