@@ -26,6 +26,29 @@ void rmsnorm_fwd_quantize_composed(Context& ctx, const TensorView& y, const Tens
                                    const TensorView& x, const TensorView& w, float eps,
                                    const QuantConfig& cfg, QuantizedTensor& out);
 
+// Kernel choice of the fused RMSNorm + FP8 ops (rmsnorm_fwd_quantize_cuda,
+// rmsnorm_bwd_quantize_cuda), for tests and A/B timing; the public ops run kAuto. Every choice
+// gives the same bytes.
+enum class RmsNormFp8Kernel {
+  kAuto,       // what the public ops run: forward, the warp ring where a block of it keeps 16
+               // or more warps per SM resident, else the group ring; backward, the group ring
+               // (each where its shared memory fits, else the register kernel)
+  kRegisters,  // a group's next row(s) prefetched in registers (forward: one row ahead, one
+               // tile of kQRows rows per block; backward: two rows ahead)
+  kGroupRing,  // rows streamed through a shared-memory ring per group of warps, as many
+               // blocks as are resident (forward) / the backward's row partition
+  kWarpRing,   // forward only: one warp per row, rows streamed through a ring per warp
+};
+struct RmsNormFp8Config {
+  RmsNormFp8Kernel kernel = RmsNormFp8Kernel::kAuto;
+  // Ring kernels: rows in flight per group or warp (slots of its ring), 1–4; 0 picks them. The
+  // group ring takes fewer where its block's shared memory would not hold them.
+  int stages = 0;
+  // When not null, receives the kernel that ran (a forced ring kernel whose shared memory does
+  // not fit falls back to the next one: kWarpRing → kGroupRing → kRegisters).
+  RmsNormFp8Kernel* ran = nullptr;
+};
+
 // CUDA (rmsnorm.cu), bf16 tensors, on ctx.stream(); the same formulas with fp32 sums.
 void rmsnorm_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& rstd,
                       const TensorView& x, const TensorView& w, float eps);
@@ -35,7 +58,8 @@ void rmsnorm_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& rst
 // memory) do not hold.
 bool rmsnorm_fwd_quantize_cuda(Context& ctx, const TensorView& y, const TensorView& rstd,
                                const TensorView& x, const TensorView& w, float eps,
-                               const QuantConfig& cfg, QuantizedTensor& out);
+                               const QuantConfig& cfg, QuantizedTensor& out,
+                               const RmsNormFp8Config* config = nullptr);
 void rmsnorm_bwd_cuda(Context& ctx, const TensorView& dx, const TensorView& dw,
                       const TensorView& dout, const TensorView& x, const TensorView& w,
                       const TensorView& rstd, const TensorView& residual, bool accumulate);
@@ -48,6 +72,7 @@ bool rmsnorm_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorV
                                const TensorView& dout, const TensorView& x, const TensorView& w,
                                const TensorView& rstd, const TensorView& residual, float eps,
                                const QuantConfig* dx_cfg, QuantizedTensor* dx_out,
-                               const QuantConfig* y_cfg, QuantizedTensor* y_out, bool accumulate);
+                               const QuantConfig* y_cfg, QuantizedTensor* y_out, bool accumulate,
+                               const RmsNormFp8Config* config = nullptr);
 
 }  // namespace lowbit::ops_detail

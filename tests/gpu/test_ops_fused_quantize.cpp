@@ -17,6 +17,7 @@
 #include "lowbit/quant.h"
 #include "ops/op_harness.h"
 #include "ops/quant_compare.h"
+#include "ops/rmsnorm_impl.h"
 
 namespace lowbit::test {
 namespace {
@@ -224,6 +225,23 @@ void check_swiglu_bwd_h(int64_t n, int64_t f, Src src, Copies cp, Copies cp_h, b
   check_quantized(h_f, h_u, hv_u, delayed, cp_h, st_h);
 }
 
+// The inputs of the RMSNorm backward checks on the GPU: x, dout and a residual [N, D], w [D], the
+// dw gradient so far [D] (host), and rstd [N] and y [N, D] from rmsnorm_fwd.
+struct RmsNormBwdInputs {
+  Tensor x, dout, res0, w, dw0, rstd, y;
+  RmsNormBwdInputs(Context& ctx, int64_t n, int64_t d, Src src)
+      : x(Tensor::copy_of(source(n, d, src, 2.0, 1), kGpu)),
+        dout(Tensor::copy_of(source(n, d, src, 1.0, 5), kGpu)),
+        res0(Tensor::copy_of(source(n, d, src, 0.5, 6), kGpu)),
+        w(Tensor::copy_of(source(1, d, Src::kGaussian, 0.5, 2).view().reshape({d}), kGpu)),
+        dw0(Tensor::empty({d}, DType::kF32, Device::cpu())),
+        rstd(Tensor::empty({n}, DType::kF32, kGpu)),
+        y(Tensor::empty({n, d}, DType::kBF16, kGpu)) {
+    for (int64_t i = 0; i < d; ++i) dw0.ptr<float>()[i] = 0.25f * float(i % 7) - 0.5f;
+    rmsnorm_fwd(ctx, y, rstd, x, w, kEps);
+  }
+};
+
 // rmsnorm_bwd_quantize: dx's codes (the previous linear's dY, E5M2 state, copies cp_dx; absent
 // when cp_dx is null) and the forward's y remade (forward state, copies cp_y; absent when null),
 // with the residual aliasing dx (the model's case) or none, against the GPU composition
@@ -237,15 +255,9 @@ void check_rmsnorm_bwd(int64_t n, int64_t d, Src src, const Copies* cp_dx, const
                            delayed ? "delayed" : "current", residual ? "residual" : "no residual",
                            accumulate_dw ? "+=" : "="));
   Context ctx(kGpu);
-  const Tensor x = Tensor::copy_of(source(n, d, src, 2.0, 1), kGpu);     // [N, D]
-  const Tensor dout = Tensor::copy_of(source(n, d, src, 1.0, 5), kGpu);  // [N, D]
-  const Tensor res0 = Tensor::copy_of(source(n, d, src, 0.5, 6), kGpu);  // [N, D] residual
-  const Tensor w = Tensor::copy_of(source(1, d, Src::kGaussian, 0.5, 2).view().reshape({d}), kGpu);
-  Tensor dw0 = Tensor::empty({d}, DType::kF32, Device::cpu());  // [D] the gradient so far
-  for (int64_t i = 0; i < d; ++i) dw0.ptr<float>()[i] = 0.25f * float(i % 7) - 0.5f;
-  Tensor rstd = Tensor::empty({n}, DType::kF32, kGpu),
-         y_u = Tensor::empty({n, d}, DType::kBF16, kGpu);
-  rmsnorm_fwd(ctx, y_u, rstd, x, w, kEps);
+  RmsNormBwdInputs in(ctx, n, d, src);
+  const Tensor &x = in.x, &dout = in.dout, &res0 = in.res0, &w = in.w;
+  Tensor &dw0 = in.dw0, &rstd = in.rstd, &y_u = in.y;
   States st_dx(ScalingPass::kBackward, 0.75f), st_y(ScalingPass::kForward, 0.5f);
   QuantConfig dxc_f, dxc_u, yc_f, yc_u;
   if (cp_dx) {
@@ -281,6 +293,144 @@ void check_rmsnorm_bwd(int64_t n, int64_t d, Src src, const Copies* cp_dx, const
   EXPECT_TRUE(dx.intact());
   if (cp_dx) check_quantized(dxq_f, dxq_u, dx_u, delayed, *cp_dx, st_dx);
   if (cp_y) check_quantized(yq_f, yq_u, y_u, delayed, *cp_y, st_y);
+}
+
+// The kernels behind rmsnorm_fwd_quantize_cuda / rmsnorm_bwd_quantize_cuda, each forced through
+// its config, with several ring depths (1 stage: no row ahead; 2 and 4: the ring wraps around
+// many times on the larger shapes).
+struct RmsNormRun {
+  ops_detail::RmsNormFp8Kernel kernel;
+  int stages;
+  const char* name;
+};
+const RmsNormRun kRmsNormFwdRuns[] = {{ops_detail::RmsNormFp8Kernel::kRegisters, 0, "registers"},
+                                      {ops_detail::RmsNormFp8Kernel::kGroupRing, 0, "group ring"},
+                                      {ops_detail::RmsNormFp8Kernel::kGroupRing, 1, "group ring 1"},
+                                      {ops_detail::RmsNormFp8Kernel::kGroupRing, 2, "group ring 2"},
+                                      {ops_detail::RmsNormFp8Kernel::kGroupRing, 4, "group ring 4"},
+                                      {ops_detail::RmsNormFp8Kernel::kWarpRing, 0, "warp ring"},
+                                      {ops_detail::RmsNormFp8Kernel::kWarpRing, 1, "warp ring 1"},
+                                      {ops_detail::RmsNormFp8Kernel::kWarpRing, 2, "warp ring 2"},
+                                      {ops_detail::RmsNormFp8Kernel::kWarpRing, 4, "warp ring 4"},
+                                      {ops_detail::RmsNormFp8Kernel::kAuto, 0, "auto"}};
+const RmsNormRun kRmsNormBwdRuns[] = {{ops_detail::RmsNormFp8Kernel::kRegisters, 0, "registers"},
+                                      {ops_detail::RmsNormFp8Kernel::kGroupRing, 0, "group ring"},
+                                      {ops_detail::RmsNormFp8Kernel::kGroupRing, 1, "group ring 1"},
+                                      {ops_detail::RmsNormFp8Kernel::kGroupRing, 2, "group ring 2"},
+                                      {ops_detail::RmsNormFp8Kernel::kGroupRing, 4, "group ring 4"},
+                                      {ops_detail::RmsNormFp8Kernel::kAuto, 0, "auto"}};
+
+// rmsnorm_fwd_quantize_cuda (delayed scaling) with every kernel of kRmsNormFwdRuns: y, rstd, the
+// codes, scale_inv, amax and the history byte for byte those of the register kernel (the first run,
+// itself checked against the composition by check_rmsnorm), guards intact. Up to D = 2048 every
+// forced kernel fits its shared memory, so it must be the one that ran.
+void check_rmsnorm_kernels(int64_t n, int64_t d, Src src, Copies cp,
+                           ScalingPass pass = ScalingPass::kForward) {
+  SCOPED_TRACE(fmt::format("rmsnorm_fwd_quantize kernels {}x{} {} {}{}", n, d, src_name(src),
+                           cp.name, pass == ScalingPass::kBackward ? " e5m2" : ""));
+  Context ctx(kGpu);
+  const Tensor x = Tensor::copy_of(source(n, d, src, 2.0, 1), kGpu);
+  const Tensor w = Tensor::copy_of(source(1, d, Src::kGaussian, 0.5, 2).view().reshape({d}), kGpu);
+  Tensor y_ref, r_ref, hist_ref;
+  QuantizedTensor q_ref;
+  bool fused_ref = false;
+  for (const RmsNormRun& run : kRmsNormFwdRuns) {
+    SCOPED_TRACE(run.name);
+    States st(pass, 0.75f);
+    Guarded y(Shape{n, d}, DType::kBF16), rstd(Shape{n}, DType::kF32);
+    QuantizedTensor q;
+    ops_detail::RmsNormFp8Kernel ran = ops_detail::RmsNormFp8Kernel::kAuto;
+    ops_detail::RmsNormFp8Config cfg;
+    cfg.kernel = run.kernel;
+    cfg.stages = run.stages;
+    cfg.ran = &ran;
+    const bool fused = ops_detail::rmsnorm_fwd_quantize_cuda(ctx, y.view, rstd.view, x, w, kEps,
+                                                             make_cfg(true, st.fused, cp), q, &cfg);
+    ctx.synchronize();
+    if (&run == &kRmsNormFwdRuns[0]) {
+      fused_ref = fused;
+      if (!fused) return;  // the composition's case (D % 8, width, tile size): nothing to compare
+      y_ref = Tensor::copy_of(y.view, Device::cpu());
+      r_ref = Tensor::copy_of(rstd.view, Device::cpu());
+      hist_ref = Tensor::copy_of(st.fused.amax_history().view(), Device::cpu());
+      q_ref = std::move(q);
+      continue;
+    }
+    ASSERT_EQ(fused, fused_ref);
+    if (d <= 2048 && run.kernel != ops_detail::RmsNormFp8Kernel::kAuto) {
+      EXPECT_EQ(int(ran), int(run.kernel));
+    }
+    EXPECT_TRUE(same_bytes("y", y_ref, y.view));
+    EXPECT_TRUE(same_bytes("rstd", r_ref, rstd.view));
+    EXPECT_TRUE(same_quantized(q_ref, q));
+    EXPECT_TRUE(same_bytes("history", hist_ref, st.fused.amax_history()));
+    EXPECT_TRUE(y.intact());
+    EXPECT_TRUE(rstd.intact());
+  }
+}
+
+// rmsnorm_bwd_quantize_cuda with every kernel of kRmsNormBwdRuns (dx's codes cp_dx, y's codes cp_y,
+// the residual aliasing dx or none): dx, dw, both sets of codes and both histories byte for byte
+// those of the register kernel (checked against the composition by check_rmsnorm_bwd).
+void check_rmsnorm_bwd_kernels(int64_t n, int64_t d, Src src, const Copies* cp_dx,
+                               const Copies* cp_y, bool residual) {
+  SCOPED_TRACE(fmt::format("rmsnorm_bwd_quantize kernels {}x{} {} dx {} y {} {}", n, d,
+                           src_name(src), cp_dx ? cp_dx->name : "-", cp_y ? cp_y->name : "-",
+                           residual ? "residual" : "no residual"));
+  Context ctx(kGpu);
+  RmsNormBwdInputs in(ctx, n, d, src);
+  const Tensor &x = in.x, &dout = in.dout, &res0 = in.res0, &w = in.w;
+  Tensor &dw0 = in.dw0, &rstd = in.rstd, &y0 = in.y;
+  Tensor dx_ref, dw_ref, hdx_ref, hy_ref;
+  QuantizedTensor dxq_ref, yq_ref;
+  bool fused_ref = false;
+  for (const RmsNormRun& run : kRmsNormBwdRuns) {
+    SCOPED_TRACE(run.name);
+    States st_dx(ScalingPass::kBackward, 0.75f), st_y(ScalingPass::kForward, 0.5f);
+    QuantConfig dxc, yc;
+    if (cp_dx) dxc = make_cfg(true, st_dx.fused, *cp_dx);
+    if (cp_y) yc = make_cfg(true, st_y.fused, *cp_y);
+    Guarded dx(Shape{n, d}, DType::kBF16);
+    if (residual) copy_tensor(dx.view, res0.view());
+    Tensor dw = Tensor::copy_of(dw0.view(), kGpu);
+    QuantizedTensor dxq, yq;
+    ops_detail::RmsNormFp8Kernel ran = ops_detail::RmsNormFp8Kernel::kAuto;
+    ops_detail::RmsNormFp8Config cfg;
+    cfg.kernel = run.kernel;
+    cfg.stages = run.stages;
+    cfg.ran = &ran;
+    const bool fused = ops_detail::rmsnorm_bwd_quantize_cuda(
+        ctx, dx.view, dw, dout, x, w, rstd, residual ? dx.view : TensorView(), kEps,
+        cp_dx ? &dxc : nullptr, cp_dx ? &dxq : nullptr, cp_y ? &yc : nullptr, cp_y ? &yq : nullptr,
+        true, &cfg);
+    ctx.synchronize();
+    if (&run == &kRmsNormBwdRuns[0]) {
+      fused_ref = fused;
+      if (!fused) return;  // the composition's case: nothing to compare
+      dx_ref = Tensor::copy_of(dx.view, Device::cpu());
+      dw_ref = Tensor::copy_of(dw.view(), Device::cpu());
+      hdx_ref = Tensor::copy_of(st_dx.fused.amax_history().view(), Device::cpu());
+      hy_ref = Tensor::copy_of(st_y.fused.amax_history().view(), Device::cpu());
+      dxq_ref = std::move(dxq);
+      yq_ref = std::move(yq);
+      continue;
+    }
+    ASSERT_EQ(fused, fused_ref);
+    if (d <= 2048 && run.kernel != ops_detail::RmsNormFp8Kernel::kAuto) {
+      EXPECT_EQ(int(ran), int(run.kernel));
+    }
+    EXPECT_TRUE(same_bytes("dx", dx_ref, dx.view));
+    EXPECT_TRUE(same_bytes("dw", dw_ref, dw));
+    EXPECT_TRUE(dx.intact());
+    if (cp_dx) {
+      EXPECT_TRUE(same_quantized(dxq_ref, dxq));
+      EXPECT_TRUE(same_bytes("dx history", hdx_ref, st_dx.fused.amax_history()));
+    }
+    if (cp_y) {
+      EXPECT_TRUE(same_quantized(yq_ref, yq));
+      EXPECT_TRUE(same_bytes("y history", hy_ref, st_y.fused.amax_history()));
+    }
+  }
 }
 
 // rope_bwd_quantize (the qkv linear's dY, E5M2): dy [B, T, nH, Dh] with the first n_rot heads
@@ -431,6 +581,45 @@ TEST(GpuFusedQuantize, RmsNormBackwardModelShapes) {
   for (const Shape2& s : {Shape2{16384, 2048}, Shape2{16384, 768}}) {
     check_rmsnorm_bwd(s.n, s.d, Src::kGaussian, &kCopies[2], &kCopies[1], true, true);
     check_rmsnorm_bwd(s.n, s.d, Src::kGaussian, &kCopies[2], nullptr, true, false);
+  }
+}
+
+// Every forward kernel (register, ring per group, warp per row; ring depths 1–4) gives the same
+// bytes: D 8 (one-warp groups, 8 of them), 72 (a partial warp), 768 and 2048 (the model widths),
+// 4096, 5000 (10 warps, 2 chunks per thread), 8192 and 16384 (2 and 4 chunks per thread; no
+// columnwise tile), N off every tile and group multiple, and N large enough for several rows
+// per warp and tiles per block (the rings wrap around).
+TEST(GpuFusedQuantize, RmsNormKernelsAgree) {
+  ASSERT_GT(cuda_device_count(), 0);
+  const Shape2 shapes[] = {{1, 8},      {33, 8},      {100, 72},  {50001, 72},  {65, 768},
+                           {1000, 768}, {16389, 768}, {77, 2048}, {4133, 2048}, {40, 4096},
+                           {37, 5000},  {9, 8192},    {5, 16384}};
+  for (const Shape2& s : shapes) {
+    // The large shapes with the fills that reach every path (the CPU comparisons take time).
+    const bool large = s.n * s.d > (int64_t(1) << 20);
+    for (Src src : {Src::kGaussian, Src::kZeros, Src::kLarge, Src::kSpecials}) {
+      if (large && (src == Src::kZeros || src == Src::kLarge)) continue;
+      for (const Copies& cp : kCopies) check_rmsnorm_kernels(s.n, s.d, src, cp);
+    }
+    check_rmsnorm_kernels(s.n, s.d, Src::kSpecials, kCopies[2], ScalingPass::kBackward);
+  }
+}
+
+// Every backward kernel (register, ring per group with depths 1–4) gives the same bytes, over
+// the same widths (5000 and 4096: one staged tile fits, two do not), N off the tile and group
+// multiples and N over 8192 (64-row blocks: two tiles per block).
+TEST(GpuFusedQuantize, RmsNormBackwardKernelsAgree) {
+  ASSERT_GT(cuda_device_count(), 0);
+  const Shape2 shapes[] = {{1, 8},       {33, 8},    {100, 72},    {9000, 72}, {65, 768},
+                           {16389, 768}, {77, 2048}, {8300, 2048}, {96, 4096}, {40, 5000}};
+  for (const Shape2& s : shapes) {
+    const bool large = s.n * s.d > (int64_t(1) << 20);
+    for (Src src : {Src::kGaussian, Src::kZeros, Src::kLarge, Src::kSpecials}) {
+      if (large && (src == Src::kZeros || src == Src::kLarge)) continue;
+      check_rmsnorm_bwd_kernels(s.n, s.d, src, &kCopies[2], &kCopies[1], true);
+      check_rmsnorm_bwd_kernels(s.n, s.d, src, &kCopies[0], nullptr, false);
+      check_rmsnorm_bwd_kernels(s.n, s.d, src, nullptr, &kCopies[2], false);
+    }
   }
 }
 

@@ -1,9 +1,14 @@
 // RMSNorm on the GPU against the CPU twin over shapes and fills, with guards; the backward's
-// determinism (two runs, same bits) and bandwidth.
+// determinism (two runs, same bits) and bandwidth; the time of each fused RMSNorm + FP8 kernel.
 #include <gtest/gtest.h>
 
+#include <random>
+#include <string>
+
 #include "lowbit/ops.h"
+#include "lowbit/quant.h"
 #include "ops/op_harness.h"
+#include "ops/rmsnorm_impl.h"
 
 namespace lowbit::test {
 namespace {
@@ -99,6 +104,99 @@ TEST(GpuRmsNormPerf, Bandwidth) {
     std::printf("rmsnorm N=%ld D=%ld: copy %.0f GB/s | fwd %s (%.0f%%) | bwd %s (%.0f%%)\n",
                 long(n), long(d), copy, f.str().c_str(), 100 * f.gb_per_s / copy, b.str().c_str(),
                 100 * b.gb_per_s / copy);
+  }
+}
+
+// A bf16 tensor on the GPU, N(0, std) (as in training: no NaN or inf).
+Tensor gaussian_bf16(const Shape& shape, float std, uint32_t seed) {
+  Tensor h = Tensor::empty(shape, DType::kBF16, Device::cpu());
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, std);
+  uint16_t* p = h.ptr<uint16_t>();
+  for (int64_t i = 0; i < shape.numel(); ++i) p[i] = f32_to_bf16_rn(dist(rng));
+  return Tensor::copy_of(h.view(), Device::cuda(0));
+}
+
+// The fused RMSNorm + FP8 kernels, each forced through its config, at the 124m and 1b widths
+// (N = 16384, delayed scaling): the forward with rstd and the rowwise or row+col codes (no bf16
+// y), and the backward as the model runs it (dx += the norm's gradient in place, dx's E5M2
+// row+col codes, y's columnwise codes remade). Bytes as `lowbit bench ops` counts them, % of a
+// device copy moving as many bytes.
+TEST(GpuRmsNormPerf, Fp8KernelsAB) {
+  using K = ops_detail::RmsNormFp8Kernel;
+  struct Run {
+    K kernel;
+    const char* name;
+  };
+  const Run fwd_runs[] = {{K::kRegisters, "registers"},
+                          {K::kGroupRing, "group ring"},
+                          {K::kWarpRing, "warp ring"},
+                          {K::kAuto, "auto"}};
+  const Run bwd_runs[] = {{K::kRegisters, "registers"}, {K::kGroupRing, "group ring"}};
+  const char* names[] = {"auto", "registers", "group ring", "warp ring"};
+  Context ctx(Device::cuda(0));
+  const int64_t n = 16384;
+  for (int64_t d : {768, 2048}) {
+    const Tensor x = gaussian_bf16({n, d}, 1.0f, 3), dout = gaussian_bf16({n, d}, 1e-3f, 12);
+    const Tensor w = gaussian_bf16({d}, 1.0f, 4);
+    Tensor dx = gaussian_bf16({n, d}, 1e-3f, 13);
+    Tensor rstd = Tensor::empty({n}, DType::kF32, Device::cuda(0));
+    Tensor y = Tensor::empty({n, d}, DType::kBF16, Device::cuda(0));
+    Tensor dw = Tensor::zeros({d}, DType::kF32, Device::cuda(0));
+    rmsnorm_fwd(ctx, y, rstd, x, w, kEps);
+    DelayedScalingState fwd(DelayedScalingConfig{}, ScalingPass::kForward, 1, ctx.device());
+    DelayedScalingState bwd(DelayedScalingConfig{}, ScalingPass::kBackward, 1, ctx.device());
+    for (const bool both : {false, true}) {
+      QuantConfig cfg = QuantConfig::fp8_delayed(fwd, 0);
+      cfg.columnwise = both;
+      const double bytes = 2.0 * n * d + 2.0 * d + (both ? 2.0 : 1.0) * n * d + 4.0 * n;
+      const double copy = copy_gbps(ctx, int64_t(bytes / 2));
+      std::string line = fmt::format("rmsnorm fwd+fp8 {} N={} D={}: copy {:.0f} GB/s",
+                                     both ? "row+col" : "row", n, d, copy);
+      for (const Run& r : fwd_runs) {
+        ops_detail::RmsNormFp8Config kc;
+        kc.kernel = r.kernel;
+        K ran = K::kAuto;
+        kc.ran = &ran;
+        QuantizedTensor q;
+        const Perf p = time_gpu(
+            ctx,
+            [&] {
+              EXPECT_TRUE(ops_detail::rmsnorm_fwd_quantize_cuda(ctx, TensorView(), rstd, x, w, kEps,
+                                                                cfg, q, &kc));
+            },
+            bytes);
+        line += fmt::format(" | {} {:.4f} ms ({:.0f}%, ran {})", r.name, p.ms,
+                            100 * p.gb_per_s / copy, names[int(ran)]);
+      }
+      std::printf("%s\n", line.c_str());
+    }
+    {
+      const QuantConfig dx_cfg = QuantConfig::fp8_delayed(bwd, 0);
+      QuantConfig y_cfg = QuantConfig::fp8_delayed(fwd, 0);
+      y_cfg.rowwise = false;
+      y_cfg.columnwise = true;
+      const double bytes = 3 * 2.0 * n * d + 2.0 * d + 4.0 * n + 2.0 * n * d + 3.0 * n * d;
+      const double copy = copy_gbps(ctx, int64_t(bytes / 2));
+      std::string line = fmt::format("rmsnorm bwd+fp8+y N={} D={}: copy {:.0f} GB/s", n, d, copy);
+      for (const Run& r : bwd_runs) {
+        ops_detail::RmsNormFp8Config kc;
+        kc.kernel = r.kernel;
+        K ran = K::kAuto;
+        kc.ran = &ran;
+        QuantizedTensor dxq, yq;
+        const Perf p = time_gpu(
+            ctx,
+            [&] {
+              EXPECT_TRUE(ops_detail::rmsnorm_bwd_quantize_cuda(
+                  ctx, dx, dw, dout, x, w, rstd, dx, kEps, &dx_cfg, &dxq, &y_cfg, &yq, true, &kc));
+            },
+            bytes);
+        line += fmt::format(" | {} {:.4f} ms ({:.0f}%, ran {})", r.name, p.ms,
+                            100 * p.gb_per_s / copy, names[int(ran)]);
+      }
+      std::printf("%s\n", line.c_str());
+    }
   }
 }
 
