@@ -414,16 +414,21 @@ int cluster_blocks_for(int64_t V) {
 
 // Chosen from the sweep of tests/gpu/test_ops_cross_entropy.cpp (CrossEntropyGpu.Perf), fwd +
 // bwd in place: on an H100 16384 × 32000 0.804 ms (the next best 0.813 ms, 512 threads with 2
-// blocks per SM 0.880 ms), 8192 × 50257 0.670 ms, 4096 × 128256 1.01 ms with 512 threads, 3
-// blocks per SM and 64 KiB cached (69 % of copy: part of each row is read twice). The cluster
+// blocks per SM 0.880 ms), 8192 × 50257 0.670 ms. At V 128256 (256 KiB rows) the share of the
+// row kept in shared memory decides: 512 threads × 3 blocks with 64 KiB 1.00 ms; 1024 threads × 1
+// block with 100 KiB 0.90 ms (2026-11-22), with 224 KiB 0.938 ms in `lowbit bench ops` (74 % of
+// copy, against 69 % for the former default in the same kind of run; 2026-11-26). The cluster
 // kernel (4 blocks per row) reads the row once and measured 0.894 ms alone, but 1.13 ms per call
-// inside the 1b training step against 1.03 ms for this one (H100, 2026-11-22), so it is a
-// candidate (cross_entropy_cluster_config), not the default.
+// inside the 1b training step against 1.03 ms for the one-block kernel (H100, 2026-11-22), so it
+// is a candidate (cross_entropy_cluster_config), not the default.
 CeConfig cross_entropy_default_config(int64_t V) {
   if (V <= 4096) return {128, 8, 4, 32 << 10};
   if (V <= 40000) return {512, 3, 4, 64 << 10};
   if (V <= 65536) return {512, 2, 8, 64 << 10};
-  return {512, 3, 4, 64 << 10};
+  // Longer rows: one block of 1024 threads per SM caching 224 KiB of the row, so that pass 2
+  // reads only the last ~32 KiB of a 128256-token row again (and 132 rows in flight, ~34 MB,
+  // keep that re-read in L2).
+  return {1024, 1, 8, 224 << 10};
 }
 
 CeConfig cross_entropy_cluster_config(int64_t V) {
@@ -433,7 +438,7 @@ CeConfig cross_entropy_cluster_config(int64_t V) {
 std::vector<CeConfig> cross_entropy_candidates() {
   std::vector<CeConfig> out;
   for (const CeVariant& v : kVariants) {
-    for (int cache_kb : {0, 32, 64, 100})
+    for (int cache_kb : {0, 64, 100, 160, 224})
       out.push_back({v.threads, v.min_blocks, v.unroll, cache_kb << 10});
   }
   for (const CeVariant& v : kClusterVariants) {
