@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "core/fill_small.h"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/core/error.h"
 
@@ -127,6 +128,7 @@ void fill_bytes_on(const TensorView& dst, uint8_t byte, CUstream_st* stream) {
   LOWBIT_CHECK(dst.device.is_cuda(), "fill_bytes_on: {} is not a device view", dst.str());
   const size_t bytes = static_cast<size_t>(dst.nbytes());
   if (bytes == 0) return;
+  if (bytes <= kSmallFillBytes) return fill_small_on(dst.data, byte, bytes, stream);
   LOWBIT_CUDA_CHECK(cudaMemsetAsync(dst.data, byte, bytes, stream));
 }
 

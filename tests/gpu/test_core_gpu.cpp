@@ -1,6 +1,7 @@
 // Core on a GPU: device tensors, copies both ways, the allocator's accounting, the context.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "lowbit/core.h"
@@ -48,5 +49,25 @@ TEST(GpuCore, ContextOwnsStreamHandleAndWorkspace) {
   ctx.synchronize();
 }
 
+// fill_bytes_on: a small fill (a PDL kernel) and a large one (cudaMemsetAsync) on the context's
+// stream, each ordered after the fill before it on the same bytes and before the read back.
+TEST(GpuCore, StreamFillsSmallAndLargeInOrder) {
+  ASSERT_GT(cuda_device_count(), 0) << "the GPU tests need a CUDA GPU (run them on a GPU host)";
+  Context ctx = Context::create_default();
+  for (const int64_t n :
+       {int64_t(1), int64_t(5), int64_t(4095), int64_t(4096), int64_t(4097), int64_t(1) << 20}) {
+    Tensor t = Tensor::empty({n + 64}, DType::kU8, ctx.device());  // [n + 64] guard after n
+    fill_bytes_on(t.view(), 0xAB, ctx.stream());
+    fill_bytes_on(TensorView(t.data(), DType::kU8, {n}, ctx.device()), 0x5C, ctx.stream());
+    ctx.synchronize();
+    const Tensor h = Tensor::copy_of(t.view(), Device::cpu());
+    const uint8_t* p = h.ptr<uint8_t>();
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n + 64 && bad < 0; ++i) {
+      if (p[i] != (i < n ? 0x5C : 0xAB)) bad = i;
+    }
+    EXPECT_EQ(bad, -1) << "fill of " << n << " bytes: first wrong byte at " << bad;
+  }
+}
 }  // namespace
 }  // namespace lowbit
