@@ -1825,10 +1825,10 @@ BlockOrder dkv_order(Context& ctx, BlockOrder order, int64_t rows, int64_t T, in
 }
 
 // BlockOrder::kAuto for the query-tile passes (forward, dQ): all heads first when both
-//   (a) the sequence is long: n ≥ 32 key tiles (T ≥ 2048) for the forward, n ≥ 64 for the dQ
-//       pass. Heavy blocks (query tiles at the end of the sequence run n key tiles, the average
-//       one (n + 1) / 2) then go first, over every head, instead of head after head, which
-//       leaves the last head's heaviest tiles for the end of the pass; and
+//   (a) the sequence is long: n = ⌈T / 64⌉ ≥ 32 (T > 1984) for the forward, n ≥ 64 (T > 4032)
+//       for the dQ pass. Heavy blocks (the query tiles at the end of the sequence run ~n 64-key
+//       steps, the average one half that) then go first, over every head, instead of head after
+//       head, which leaves the last head's heaviest tiles for the end of the pass; and
 //   (b) the K and V of all (batch, kv head) rows fit in the L2 cache: all heads first touches
 //       them at once, whereas head by head keeps one head's K/V hot while its query tiles run.
 // H100, 2026-11-26 (AttentionGpu.PerfQueryBlockOrders, median of 5 interleaved rounds, all

@@ -26,8 +26,10 @@ void attention_bwd_ref(const TensorView& dq, const TensorView& dk, const TensorV
 // The order in which a pass's blocks run, each starting from its heaviest causal tile:
 // kHeadByHead runs each (batch, head)'s tiles together (the blocks running at once share that
 // head's tiles in L2); kAllHeads runs the heaviest tile of every head first (no heavy block is
-// left to run alone at the end); kAuto (dK/dV pass) picks kAllHeads where the heaviest block is
-// a large share of the work — long or grouped sequences, few heads — else kHeadByHead.
+// left to run alone at the end); kAuto picks one per shape: for the query-tile passes (forward,
+// dQ) `query_order` takes kAllHeads for long sequences whose K/V all fit in the L2, for the dK/dV
+// pass `dkv_order` where the heaviest block is a large share of the work (long or grouped
+// sequences, few heads); else kHeadByHead.
 enum class BlockOrder { kHeadByHead, kAllHeads, kAuto };
 
 // Tile shapes of the three kernel families. Each kernel gives every warp `mt` m-tiles of 16

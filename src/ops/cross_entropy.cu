@@ -415,9 +415,11 @@ int cluster_blocks_for(int64_t V) {
 // Chosen from the sweep of tests/gpu/test_ops_cross_entropy.cpp (CrossEntropyGpu.Perf), fwd +
 // bwd in place: on an H100 16384 × 32000 0.804 ms (the next best 0.813 ms, 512 threads with 2
 // blocks per SM 0.880 ms), 8192 × 50257 0.670 ms. At V 128256 (256 KiB rows) the share of the
-// row kept in shared memory decides: 512 threads × 3 blocks with 64 KiB 1.00 ms; 1024 threads × 1
-// block with 100 KiB 0.90 ms (2026-11-22), with 224 KiB 0.938 ms in `lowbit bench ops` (74 % of
-// copy, against 69 % for the former default in the same kind of run; 2026-11-26). The cluster
+// row kept in shared memory decides. CrossEntropyGpu.Perf (2026-11-22): 512 threads × 3 blocks
+// with 64 KiB 1.00 ms, 1024 threads × 1 block with 0 / 64 / 100 KiB 0.995 / 0.927 / 0.901 ms.
+// `lowbit bench ops` (bursts back to back, ~10 % slower than that test for the same kernel),
+// 2026-11-26: 1024 threads with 224 KiB 0.938 ms (74 % of copy) against 1.010 ms (69 %) for
+// 512 × 3 with 64 KiB. The cluster
 // kernel (4 blocks per row) reads the row once and measured 0.894 ms alone, but 1.13 ms per call
 // inside the 1b training step against 1.03 ms for the one-block kernel (H100, 2026-11-22), so it
 // is a candidate (cross_entropy_cluster_config), not the default.
@@ -425,9 +427,9 @@ CeConfig cross_entropy_default_config(int64_t V) {
   if (V <= 4096) return {128, 8, 4, 32 << 10};
   if (V <= 40000) return {512, 3, 4, 64 << 10};
   if (V <= 65536) return {512, 2, 8, 64 << 10};
-  // Longer rows: one block of 1024 threads per SM caching 224 KiB of the row, so that pass 2
-  // reads only the last ~32 KiB of a 128256-token row again (and 132 rows in flight, ~34 MB,
-  // keep that re-read in L2).
+  // Longer rows: one block of 1024 threads per SM caching 224 KiB of the row (less where the
+  // device's shared memory is smaller), so that pass 2 reads only the last 26.5 KiB of a
+  // 128256-token row again (on a 132-SM H100, 132 rows in flight, ~34 MB, keep that in L2).
   return {1024, 1, 8, 224 << 10};
 }
 
@@ -506,8 +508,13 @@ void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView
                c.threads, c.min_blocks, c.unroll);
   // Without dlogits there is no second pass, so nothing to cache. The body of a row has at most
   // V / 8 vectors (the head, hence the body, depends on the row's alignment).
-  const int cache_vecs =
-      dlogits ? static_cast<int>(std::min<int64_t>(V / 8, c.max_cache_bytes / 16)) : 0;
+  // The cache also stays within the device's shared memory per block (227 KiB on sm_90 and
+  // sm_100, 99 KiB on sm_120), 1 KiB left for the kernel's static arrays.
+  int smem_optin = 0;
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                           ctx.device().index));
+  const int64_t max_cache = std::min<int64_t>(c.max_cache_bytes, smem_optin - 1024);
+  const int cache_vecs = dlogits ? static_cast<int>(std::min<int64_t>(V / 8, max_cache / 16)) : 0;
   const size_t smem = static_cast<size_t>(cache_vecs) * 16;
   ops_cuda::allow_dynamic_smem(var->fn, smem);
   pdl::launch(var->fn, static_cast<unsigned>(n), c.threads, smem, ctx.stream(), losses.ptr<float>(),

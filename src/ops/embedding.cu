@@ -382,11 +382,17 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
                     "embedding_bwd: {} tokens and a vocabulary of {} exceed the GPU kernel's "
                     "32-bit indices",
                     n_rows, vocab);
-  const bool merge_rank = sort == EmbeddingSort::kMergeRank ||
-                          (sort == EmbeddingSort::kAuto && n_rows <= kEmbeddingBwdMergeRankMaxRows);
-  LOWBIT_CHECK(!merge_rank || n_rows <= kEmbeddingBwdMergeRankMaxRows,
-               "embedding_bwd: the merge-rank sort takes at most {} tokens, not {}",
-               kEmbeddingBwdMergeRankMaxRows, n_rows);
+  // The rank kernel holds every key in shared memory (4 bytes per token, rounded up to whole
+  // segments): within the device's limit per block (227 KiB on sm_90, 99 KiB on sm_120).
+  const size_t rank_bytes = size_t(ceil_div(n_rows, kSeg)) * kSeg * sizeof(uint32_t);
+  const bool rank_fits = dynamic_smem_fits(ctx.device().index, rank_bytes, 0);
+  const bool merge_rank =
+      sort == EmbeddingSort::kMergeRank ||
+      (sort == EmbeddingSort::kAuto && n_rows <= kEmbeddingBwdMergeRankMaxRows && rank_fits);
+  LOWBIT_CHECK(!merge_rank || (n_rows <= kEmbeddingBwdMergeRankMaxRows && rank_fits),
+               "embedding_bwd: the merge-rank sort takes at most {} tokens whose keys fit the "
+               "GPU's shared memory per block; {} tokens need {} bytes (use EmbeddingSort::kAuto)",
+               kEmbeddingBwdMergeRankMaxRows, n_rows, rank_bytes);
   cudaStream_t s = ctx.stream();
   // Keys 0..V (V marks an invalid token): sort only the bits needed.
   int end_bit = 1;
@@ -413,7 +419,7 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
     pdl::launch(embedding_segment_sort_kernel, segs, kSegThreads, 0, s, keys_in, vals_in,
                 tokens.ptr<const int32_t>(), n, vocab, end_bit);
     LOWBIT_CUDA_CHECK_LAUNCH();
-    const size_t smem = size_t(segs) * kSeg * sizeof(uint32_t);
+    const size_t smem = rank_bytes;  // [segs, kSeg] keys
     allow_dynamic_smem(embedding_merge_rank_kernel, smem);
     pdl::launch(embedding_merge_rank_kernel, int(ceil_div(n_rows, kRankThreads)), kRankThreads,
                 smem, s, keys_out, vals_out, keys_in, vals_in, n);

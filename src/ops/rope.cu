@@ -163,8 +163,8 @@ bool rope_bwd_quantize_cuda(Context& ctx, const TensorView& dx, const TensorView
   const float* tab = table.ptr<const float>();
   // Preconditions (else the caller runs the composition): 16-byte vectors of 8 pairs, at most
   // 512 threads per block, the grid's head dimension.
-  if (dh % 16 != 0 || dh > 256 || nh > 65535 || !aligned16(dyp) || !aligned16(tab) ||
-      (dxp != nullptr && !aligned16(dxp))) {
+  if (dh % 16 != 0 || dh > 256 || ceil_div(nh, kRopeHeads) > 65535 || !aligned16(dyp) ||
+      !aligned16(tab) || (dxp != nullptr && !aligned16(dxp))) {
     return false;
   }
   const Fp8Epilogue ep = fp8_epilogue_outputs(ctx, cfg, n, nh * dh, out);

@@ -69,5 +69,6 @@ TEST(GpuCore, StreamFillsSmallAndLargeInOrder) {
     EXPECT_EQ(bad, -1) << "fill of " << n << " bytes: first wrong byte at " << bad;
   }
 }
+
 }  // namespace
 }  // namespace lowbit

@@ -93,8 +93,9 @@ void copy_tensor(const TensorView& dst, const TensorView& src);
 void fill_bytes(const TensorView& dst, uint8_t byte);
 // The same, ordered on `stream` (a Context's stream) instead of the legacy default stream: for
 // the small per-op fills inside a step (an amax to accumulate into), where a legacy-stream
-// memset would put a cross-stream dependency between two kernels. Device views only; fills of a
-// few KiB run as a kernel with programmatic dependent launch (src/core/fill_small.cu).
+// memset would put a cross-stream dependency between two kernels. Device views only; fills of at
+// most 4 KiB (kSmallFillBytes) run as a kernel with programmatic dependent launch
+// (src/core/fill_small.cu).
 void fill_bytes_on(const TensorView& dst, uint8_t byte, CUstream_st* stream);
 
 }  // namespace lowbit
