@@ -58,9 +58,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- PTX wrappers ------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using ops_cuda::smem_addr;
 
 // 16 bytes global → shared; when !valid nothing is read and the destination is zero-filled.
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
@@ -1816,10 +1814,8 @@ int chunk_rows(int64_t rows, BlockOrder order) {
 // all heads first.
 BlockOrder dkv_order(Context& ctx, BlockOrder order, int64_t rows, int64_t T, int dh) {
   if (order != BlockOrder::kAuto) return order;
-  int sms = 0;
-  LOWBIT_CUDA_CHECK(
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.device().index));
-  const int64_t slots = int64_t(sms) * (dh == 128 ? 2 : 3);  // registers: 232 / 168 per thread
+  const int64_t slots = int64_t(ops_cuda::sm_count(ctx.device().index)) *
+                        (dh == 128 ? 2 : 3);  // registers: 232 / 168 per thread
   const int64_t n = (T + 63) / 64;
   return 10 * slots > rows * (n + 1) ? BlockOrder::kAllHeads : BlockOrder::kHeadByHead;
 }
@@ -1838,8 +1834,7 @@ BlockOrder dkv_order(Context& ctx, BlockOrder order, int64_t rows, int64_t T, in
 BlockOrder query_order(Context& ctx, BlockOrder order, int64_t B, int64_t Hkv, int64_t T, int dh,
                        bool dq_pass) {
   if (order != BlockOrder::kAuto) return order;
-  int l2_bytes = 0;
-  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, ctx.device().index));
+  const int l2_bytes = ops_cuda::cached_device_attr(ctx.device().index, cudaDevAttrL2CacheSize);
   const int64_t n = (T + 63) / 64;
   const int64_t kv_bytes = 2 * B * Hkv * T * int64_t(dh) * 2;  // K and V, bf16
   const bool long_seq = n >= (dq_pass ? 64 : 32);

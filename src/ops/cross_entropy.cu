@@ -418,8 +418,8 @@ int cluster_blocks_for(int64_t V) {
 // row kept in shared memory decides. CrossEntropyGpu.Perf (2026-11-22): 512 threads × 3 blocks
 // with 64 KiB 1.00 ms, 1024 threads × 1 block with 0 / 64 / 100 KiB 0.995 / 0.927 / 0.901 ms.
 // `lowbit bench ops` (bursts back to back, ~10 % slower than that test for the same kernel),
-// 2026-11-26: 1024 threads with 224 KiB 0.938 ms (74 % of copy) against 1.010 ms (69 %) for
-// 512 × 3 with 64 KiB. The cluster
+// 2026-11-26: 1024 threads with 224 KiB 0.938 ms (74 % of copy), 512 × 3 with 64 KiB 1.010 ms
+// (69 %) in the call an hour before. The cluster
 // kernel (4 blocks per row) reads the row once and measured 0.894 ms alone, but 1.13 ms per call
 // inside the 1b training step against 1.03 ms for the one-block kernel (H100, 2026-11-22), so it
 // is a candidate (cross_entropy_cluster_config), not the default.
@@ -510,9 +510,8 @@ void cross_entropy_cuda(Context& ctx, const TensorView& losses, const TensorView
   // V / 8 vectors (the head, hence the body, depends on the row's alignment).
   // The cache also stays within the device's shared memory per block (227 KiB on sm_90 and
   // sm_100, 99 KiB on sm_120), 1 KiB left for the kernel's static arrays.
-  int smem_optin = 0;
-  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                           ctx.device().index));
+  const int smem_optin =
+      ops_cuda::cached_device_attr(ctx.device().index, cudaDevAttrMaxSharedMemoryPerBlockOptin);
   const int64_t max_cache = std::min<int64_t>(c.max_cache_bytes, smem_optin - 1024);
   const int cache_vecs = dlogits ? static_cast<int>(std::min<int64_t>(V / 8, max_cache / 16)) : 0;
   const size_t smem = static_cast<size_t>(cache_vecs) * 16;

@@ -58,6 +58,12 @@ __global__ void embedding_fwd_kernel(uint16_t* __restrict__ out, const int32_t* 
   }
 }
 
+// The sort key of a token: itself, or V for an out-of-range token (sorted last, skipped). Both
+// sorts take their keys from here, so they sort the same sequence.
+__device__ __forceinline__ uint32_t token_key(int32_t tok, int64_t vocab) {
+  return (tok >= 0 && tok < vocab) ? uint32_t(tok) : uint32_t(vocab);
+}
+
 __global__ void embedding_keys_kernel(uint32_t* __restrict__ keys, int32_t* __restrict__ vals,
                                       const int32_t* __restrict__ tokens, int64_t n_rows,
                                       int64_t vocab) {
@@ -65,7 +71,7 @@ __global__ void embedding_keys_kernel(uint32_t* __restrict__ keys, int32_t* __re
   const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (n >= n_rows) return;
   const int32_t tok = tokens[n];
-  keys[n] = (tok >= 0 && tok < vocab) ? uint32_t(tok) : uint32_t(vocab);
+  keys[n] = token_key(tok, vocab);
   vals[n] = int32_t(n);
 }
 
@@ -111,7 +117,7 @@ __global__ void __launch_bounds__(kSegThreads)
   for (int i = 0; i < kSegItems; ++i) {
     const int n = seg0 + threadIdx.x * kSegItems + i;
     const int32_t tok = n < n_rows ? tokens[n] : 0;
-    key[i] = n >= n_rows ? pad : (tok >= 0 && tok < vocab) ? uint32_t(tok) : uint32_t(vocab);
+    key[i] = n >= n_rows ? pad : token_key(tok, vocab);
     val[i] = n;
   }
   SegmentSort(tmp).SortBlockedToStriped(key, val, 0, end_bit);
@@ -127,7 +133,7 @@ __global__ void __launch_bounds__(kSegThreads)
 }
 
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const uint32_t dst = smem_addr(smem_dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
 }
 

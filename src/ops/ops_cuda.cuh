@@ -21,13 +21,35 @@ inline int64_t ceil_div(int64_t n, int64_t per) { return (n + per - 1) / per; }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// A device attribute, queried once per device and attribute (launch paths ask on every call).
+inline int cached_device_attr(int device, cudaDeviceAttr attr) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, int> cache;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(device, static_cast<int>(attr));
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int value = 0;
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  cache.emplace(key, value);
+  return value;
+}
+
+// SMs of `device`.
+inline int sm_count(int device) {
+  return cached_device_attr(device, cudaDevAttrMultiProcessorCount);
+}
+
 // Whether `bytes` of dynamic shared memory (plus `static_bytes` of the kernel's own arrays) fit
 // one block of `device` once opted in.
 inline bool dynamic_smem_fits(int device, size_t bytes, size_t static_bytes) {
-  int max_smem = 0;
-  LOWBIT_CUDA_CHECK(
-      cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int max_smem = cached_device_attr(device, cudaDevAttrMaxSharedMemoryPerBlockOptin);
   return bytes + static_bytes <= size_t(max_smem);
+}
+
+// The shared-memory address of a generic pointer into shared memory (for PTX operands).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 // Opts `kernel` into `bytes` of dynamic shared memory on the current device when that exceeds

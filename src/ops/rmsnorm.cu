@@ -525,10 +525,6 @@ __global__ void __launch_bounds__(512)
 // output keeps its bits.
 constexpr int kMaxRingGroups = 8, kMaxStages = 4;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // `bytes` (a multiple of 16) from global `src` to shared address `dst`, both 16-byte aligned, as
 // one bulk copy whose completion counts against the transaction bytes of the mbarrier at `bar`.
 __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes,
@@ -1126,19 +1122,6 @@ int blocks_per_sm(Kernel* kernel, int threads, size_t smem) {
   LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   cache.emplace(key, per_sm);
   return per_sm;
-}
-
-// SMs of `device`.
-int sm_count(int device) {
-  static std::mutex mu;
-  static std::map<int, int> cache;
-  const std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(device);
-  if (it != cache.end()) return it->second;
-  int sms = 0;
-  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  cache.emplace(device, sms);
-  return sms;
 }
 
 template <int VEC>

@@ -455,6 +455,23 @@ Tensor random_dev(const Shape& sh, uint64_t seed) {
   return Tensor::copy_of(h.view(), Device::cuda(0));
 }
 
+// The inputs (random q, k, v [B, T, heads, Dh] and dout) and outputs of a timed attention run.
+struct PerfTensors {
+  Tensor q, k, v, dout, out, lse, dq, dk, dv;
+  float scale;
+  PerfTensors(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t Dh)
+      : q(random_dev({B, T, H, Dh}, 1)),
+        k(random_dev({B, T, Hkv, Dh}, 2)),
+        v(random_dev({B, T, Hkv, Dh}, 3)),
+        dout(random_dev({B, T, H, Dh}, 4)),
+        out(Tensor::empty({B, T, H, Dh}, DType::kBF16, Device::cuda(0))),
+        lse(Tensor::empty({B, H, T}, DType::kF32, Device::cuda(0))),
+        dq(Tensor::empty({B, T, H, Dh}, DType::kBF16, Device::cuda(0))),
+        dk(Tensor::empty({B, T, Hkv, Dh}, DType::kBF16, Device::cuda(0))),
+        dv(Tensor::empty({B, T, Hkv, Dh}, DType::kBF16, Device::cuda(0))),
+        scale(static_cast<float>(1.0 / std::sqrt(double(Dh)))) {}
+};
+
 struct PerfShape {
   int64_t B, T, H, Hkv, Dh;
   double sdpa_ms;  // PyTorch SDPA fwd + bwd, H100, as given in the task that set the target
@@ -470,15 +487,10 @@ TEST(AttentionGpu, PerfSdpaShapes) {
                               {4, 4096, 16, 4, 128, 0.0}};
   Context ctx(Device::cuda(0));
   for (const PerfShape& s : shapes) {
-    const Shape qs{s.B, s.T, s.H, s.Dh}, ks{s.B, s.T, s.Hkv, s.Dh}, ls{s.B, s.H, s.T};
-    Tensor q = random_dev(qs, 1), k = random_dev(ks, 2), v = random_dev(ks, 3),
-           dout = random_dev(qs, 4);
-    Tensor out = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
-    Tensor lse = Tensor::empty(ls, DType::kF32, Device::cuda(0));
-    Tensor dq = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
-    Tensor dk = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
-    Tensor dv = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
-    const float scale = static_cast<float>(1.0 / std::sqrt(double(s.Dh)));
+    PerfTensors t(s.B, s.T, s.H, s.Hkv, s.Dh);
+    Tensor &q = t.q, &k = t.k, &v = t.v, &dout = t.dout, &out = t.out, &lse = t.lse, &dq = t.dq,
+           &dk = t.dk, &dv = t.dv;
+    const float scale = t.scale;
     // Causal FLOPs: fwd 4·B·H·T²·Dh / 2, bwd 2.5× that.
     const double fwd_flops = 4.0 * s.B * s.H * double(s.T) * s.T * s.Dh / 2;
     const double bwd_flops = 2.5 * fwd_flops;
@@ -604,15 +616,10 @@ TEST(AttentionGpu, PerfQueryBlockOrders) {
   Context ctx(Device::cuda(0));
   using attn::BlockOrder;
   for (const OrderShape& s : shapes) {
-    const Shape qs{s.B, s.T, s.H, s.Dh}, ks{s.B, s.T, s.Hkv, s.Dh}, ls{s.B, s.H, s.T};
-    Tensor q = random_dev(qs, 1), k = random_dev(ks, 2), v = random_dev(ks, 3),
-           dout = random_dev(qs, 4);
-    Tensor out = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
-    Tensor lse = Tensor::empty(ls, DType::kF32, Device::cuda(0));
-    Tensor dq = Tensor::empty(qs, DType::kBF16, Device::cuda(0));
-    Tensor dk = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
-    Tensor dv = Tensor::empty(ks, DType::kBF16, Device::cuda(0));
-    const float scale = static_cast<float>(1.0 / std::sqrt(double(s.Dh)));
+    PerfTensors t(s.B, s.T, s.H, s.Hkv, s.Dh);
+    Tensor &q = t.q, &k = t.k, &v = t.v, &dout = t.dout, &out = t.out, &lse = t.lse, &dq = t.dq,
+           &dk = t.dk, &dv = t.dv;
+    const float scale = t.scale;
     const double fwd_flops = 4.0 * s.B * s.H * double(s.T) * s.T * s.Dh / 2;
     const BlockOrder orders[] = {BlockOrder::kHeadByHead, BlockOrder::kAllHeads, BlockOrder::kAuto};
     std::vector<double> f_ms[3], b_ms[3];
