@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <stdexcept>
+#include <string>
 
 #include "lowbit/ops.h"
 #include "ops/embedding_impl.h"
@@ -201,6 +203,23 @@ TEST(GpuEmbedding, BackwardEachSortMatchesCpuBitForBit) {
   const int64_t above = ops_detail::kEmbeddingBwdMergeRankMaxRows + 1;
   EXPECT_TRUE(compare_cpu_gpu(bwd_case({above, 8}, 1000, Fill::gaussian())));
   EXPECT_TRUE(compare_cpu_gpu(bwd_case({above, 8}, 7, Fill::gaussian())));
+}
+
+// Forcing the merge-rank sort past its token limit is refused before anything runs, with a
+// message that names the limit.
+TEST(GpuEmbedding, ForcedMergeRankSortPastItsLimitIsAnError) {
+  Context ctx(Device::cuda(0));
+  const int64_t n = ops_detail::kEmbeddingBwdMergeRankMaxRows + 1, d = 8, vocab = 16;
+  Tensor tokens = Tensor::zeros({n}, DType::kI32, ctx.device());
+  Tensor dout = Tensor::zeros({n, d}, DType::kBF16, ctx.device());
+  Tensor dtable = Tensor::zeros({vocab, d}, DType::kF32, ctx.device());
+  try {
+    ops_detail::embedding_bwd_cuda(ctx, dtable, tokens, dout, EmbeddingSort::kMergeRank);
+    ADD_FAILURE() << "no error for " << n << " tokens";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("merge-rank sort takes at most"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(GpuEmbedding, OutOfRangeTokensGiveNanRows) {
