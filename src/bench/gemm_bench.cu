@@ -15,8 +15,9 @@
 //
 // Timing: CUDA events around bursts of back-to-back calls (the burst is long enough, ≈ 1 ms,
 // that host launch cost is hidden whenever the host keeps ahead of the GPU, as in training);
-// the median burst over the calls in it is one call's time; gemm() and its raw cuBLASLt twin
-// alternate burst by burst. FLOPs = 2·M·N·K for every role.
+// the median burst over the calls in it is one call's time; gemm(), its raw cuBLASLt twin and
+// (for every mode but bf16) the bf16 gemm() of the same role alternate burst by burst, and the
+// "x bf16" ratio divides those interleaved medians. FLOPs = 2·M·N·K for every role.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -382,7 +383,6 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& opt) {
       }
       continue;
     }
-    std::vector<double> bf16_ms(3, kNaN);  // per role
 
     for (const std::string& mode : opt.modes) {
       const std::optional<ModeConfigs> cfgs = mode_configs(mode);
@@ -451,19 +451,34 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& opt) {
                 raw_error = short_error(e);
               }
             }
+            // The bf16 GEMM of the same role runs interleaved with every other mode, so that
+            // the ratio compares calls made under the same clocks (an H100 at FP8 rates is
+            // power-limited: rows measured minutes apart differ by several percent).
+            const GemmOperand bf_a =
+                GemmOperand::of(role == GemmRole::kFprop ? x.view() : dy.view());
+            const GemmOperand bf_b =
+                GemmOperand::of(role == GemmRole::kWgrad ? x.view() : w.view());
             std::vector<std::function<void()>> fns = {[&] { gemm(ctx, a, b, out, gopt); }};
-            if (raw) fns.push_back([&] { raw->run(); });
+            int raw_i = -1, bf16_i = -1;
+            if (raw) {
+              raw_i = static_cast<int>(fns.size());
+              fns.push_back([&] { raw->run(); });
+            }
+            if (cfgs) {
+              bf16_i = static_cast<int>(fns.size());
+              fns.push_back([&] { gemm(ctx, bf_a, bf_b, out, gopt); });
+            }
             const std::vector<double> ms = time_median_ms(stream, opt.warmup, opt.iters, fns);
             row.ms = ms[0];
             row.tflops = flops / row.ms / 1e9;
-            if (mode == "bf16") bf16_ms[ri] = row.ms;
-            row.ratio_bf16 = bf16_ms[ri] / row.ms;
+            row.bf16_ms = bf16_i >= 0 ? ms[bf16_i] : row.ms;
+            row.ratio_bf16 = row.bf16_ms / row.ms;
             if (raw || !raw_error.empty()) {
               GemmBenchRow rr = row;
               rr.impl = "cublaslt";
               rr.ratio_bf16 = kNaN;
               if (raw) {
-                rr.ms = ms[1];
+                rr.ms = ms[raw_i];
                 rr.tflops = flops / rr.ms / 1e9;
                 row.overhead_pct = 100.0 * (row.ms / rr.ms - 1.0);
               } else {

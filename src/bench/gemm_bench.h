@@ -45,7 +45,9 @@ struct GemmBenchRow {
   double ms = kNone;             // median time of one call (NaN on error)
   double flops = 0;              // 2·M·N·K
   double tflops = kNone;         // flops / time
-  // tflops / tflops of lowbit bf16 of the same shape and role (NaN: none)
+  // Median time of lowbit's bf16 GEMM of the same shape and role, timed interleaved with this
+  // row's calls (bf16 rows: their own time); ratio_bf16 = bf16_ms / ms (NaN: none).
+  double bf16_ms = kNone;
   double ratio_bf16 = kNone;
   double overhead_pct = kNone;  // lowbit rows: 100·(ms / raw ms − 1) (NaN: no raw row)
   std::string error;            // empty, or why this case did not run

@@ -105,7 +105,8 @@ std::string dims(std::initializer_list<std::pair<const char*, int64_t>> d) {
 
 class Recorder {
  public:
-  Recorder(cudaStream_t s, int iters) : stream_(s), iters_(iters) {}
+  Recorder(cudaStream_t s, int iters, std::vector<std::string> ops)
+      : stream_(s), iters_(iters), ops_(std::move(ops)) {}
   double copy_gbps = 0;  // 1 GiB device-to-device copy
   // Scratch of the size-matched copies: [1 GiB] u8 each.
   Tensor copy_src, copy_dst;
@@ -131,6 +132,7 @@ class Recorder {
   // Times fn and appends a row: memory-bound when bytes > 0, compute-bound when flops > 0.
   void row(const std::string& op, const std::string& preset, const std::string& shape, double bytes,
            double flops, const std::function<void()>& fn) {
+    if (!selected(op) && preset != "device") return;
     OpsBenchRow r;
     r.op = op;
     r.preset = preset;
@@ -181,9 +183,15 @@ class Recorder {
     }
     std::fflush(stdout);
   }
+  bool selected(const std::string& op) const {
+    if (ops_.empty()) return true;
+    return std::any_of(ops_.begin(), ops_.end(),
+                       [&](const std::string& f) { return op.find(f) != std::string::npos; });
+  }
   cudaStream_t stream_;
   std::map<int64_t, double> copy_cache_;
   int iters_;
+  std::vector<std::string> ops_;
 };
 
 // Strided [B, T, n, Dh] view of heads [h0, h0 + n) in a fused [B, T, C, Dh] bf16 tensor.
@@ -546,7 +554,7 @@ std::vector<OpsBenchRow> run_ops_bench(const OpsBenchOptions& opt) {
   LOWBIT_USER_CHECK(cuda_device_count() > 0, "bench ops needs a CUDA GPU; none was found");
   Context ctx = Context::create_default();
   cudaStream_t s = ctx.stream();
-  Recorder rec(s, opt.iters);
+  Recorder rec(s, opt.iters, opt.ops);
 
   // Device-to-device copy of 1 GiB: read once, written once.
   {

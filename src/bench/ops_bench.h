@@ -21,6 +21,8 @@ std::vector<OpsBenchPreset> ops_bench_presets(const std::string& csv);
 struct OpsBenchOptions {
   std::vector<OpsBenchPreset> presets;
   int iters = 20;  // timed samples per row (median reported), each a burst of ≈ 1 ms of calls
+  // Only rows whose op name contains one of these (empty: every row); the device copy always runs.
+  std::vector<std::string> ops;
 };
 
 struct OpsBenchRow {

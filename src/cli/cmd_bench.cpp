@@ -362,6 +362,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
               {"ms", num(r.ms)},
               {"flops", r.flops},
               {"tflops", num(r.tflops)},
+              {"bf16_ms", num(r.bf16_ms)},
               {"ratio_bf16", num(r.ratio_bf16)},
               {"overhead_pct", num(r.overhead_pct)},
               {"iters", opt.iters},
@@ -402,6 +403,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
   struct OpsOpts {
     std::string presets = "124m,1b";
     int iters = 20;
+    std::string ops;
     std::string json_out;
   };
   auto o = std::make_shared<OpsOpts>();
@@ -416,12 +418,20 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
   ops_cmd->add_option("--iters", o->iters, "Timed samples per row (median reported)")
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();
+  ops_cmd->add_option("--ops", o->ops,
+                      "Comma-separated substrings: only rows whose op name contains one of them "
+                      "(e.g. \"swiglu bwd,embedding\"); default every row");
   ops_cmd->add_option("--json-out", o->json_out, "Also write one JSON object per row to this file");
   ops_cmd->callback([o, &action] {
     action = [o] {
       bench::OpsBenchOptions opt;
       opt.presets = bench::ops_bench_presets(o->presets);
       opt.iters = o->iters;
+      for (size_t at = 0; !o->ops.empty() && at <= o->ops.size();) {
+        const size_t comma = std::min(o->ops.find(',', at), o->ops.size());
+        if (comma > at) opt.ops.push_back(o->ops.substr(at, comma - at));
+        at = comma + 1;
+      }
       const std::vector<GpuInfo> gpus = list_gpus();
       LOWBIT_USER_CHECK(!gpus.empty(), "bench ops needs a CUDA GPU; none was found");
       std::ofstream f;

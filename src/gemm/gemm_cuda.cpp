@@ -720,12 +720,12 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
           // NVFP4 global factors folded into alpha on the device (no host sync):
           // alpha' = RN(RN(RN(alpha·A_a)·A_b)·RN(1/(36·448²))).
           gemm_kernels::nvfp4_alpha(opt.alpha, opt.beta, amax_a, amax_b, scalars, stream);
+          // beta lives on the device too (cuBLASLt takes both scalars from one pointer mode;
+          // an alpha vector with a host beta is not offered for bf16 operands). A zero beta
+          // still skips C on the device, as with a host beta: the GPU tests hand every backend
+          // an out full of NaN for beta = 0 (test_gemm_gpu.cpp, check_role), and the output
+          // memset this used to issue cost a full write of out (≈ 25 µs at 124m qkv).
           p.device_pointers = true;
-          if (opt.beta == 0.0f) {
-            // beta lives on the device: do not rely on C being skipped for a zero beta.
-            const size_t esz = out.dtype == DType::kBF16 ? 2 : 4;
-            LOWBIT_CUDA_CHECK(cudaMemset2DAsync(out.data, ldd * esz, 0, g.C * esz, g.R, stream));
-          }
           p.alpha = scalars;
           p.beta = scalars + 1;
         }

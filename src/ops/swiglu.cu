@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- backward fused with per-tensor FP8 quantization (delayed scaling) -------------------------
 //
-// One block per tile of kTM rows × kTK columns of F: it produces the matching tiles of dgate
+// One block per tile of kBwdRows rows × kTK columns of F: it produces the matching tiles of dgate
 // (output columns k0 .. k0 + kTK) and of dup (columns F + k0 ..), each value rounded to bf16
 // exactly as swiglu_bwd_kernel stores it and quantized from that bf16 value. Rowwise codes (and
 // dgate_up when asked) are written directly; the two code tiles are staged and written
@@ -149,53 +149,69 @@ __global__ void __launch_bounds__(kThreads)
 // (one sigmoid serves both) and quantizes it under its own state (hep: the down linear's input),
 // the bytes swiglu_fwd_fp8_kernel writes: its columnwise copy [F, N] (and rowwise codes when
 // hep.q is set). The down linear's wgrad then needs no separate pass over gate_up.
-
+//
 // dgate_up [N, 2F] bf16 (or null) and ep's q [N, 2F] / qt [2F, N] FP8, scale_inv and amax from
 // dout [N, F] and gate_up [N, 2F] bf16; with kH also hep's qt [F, N] (and q [N, F]). F % 8 == 0
 // and rows 16-byte aligned. vec_t: N % 16 == 0 and qt (and hep.qt) 16-byte aligned.
-// Issue-bound (ncu: 0.70 warps issued per scheduler and cycle at 96 registers, 2 blocks per
-// SM): the register cap of 3 blocks per SM gives the schedulers more warps to choose from. With
-// kH the cap spills (48 bytes at 80 registers) and 2 blocks per SM (102 registers) run faster:
-// 0.617 against 0.667 ms at N 16384, F 8192 on the H100.
-template <bool kCol, bool kH, int kMinBlocks = 3>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
-    swiglu_bwd_fp8_kernel(uint16_t* __restrict__ dgate_up, const uint16_t* __restrict__ dout,
-                          const uint16_t* __restrict__ gate_up, int64_t n_rows, int64_t f,
-                          bool vec_t, ops_detail::Fp8Epilogue ep, ops_detail::Fp8Epilogue hep) {
-  pdl::grid_sync();
-  constexpr int kPitch = kTK + 4;  // ≡ 4 (mod 8): see store_transposed
-  // [dgate, dup, h][kTM][kTK + 4] codes (dgate and dup when kCol, h when kH).
-  constexpr int kTiles = kH ? 3 : 2;
-  __shared__ __align__(16) uint8_t tiles[kTiles][kTM * kPitch];
-  constexpr int kChunks = kTM * kTK / 8 / kThreads;
-  const int64_t m0 = int64_t(blockIdx.x) * kTM, k0 = int64_t(blockIdx.y) * kTK;
-  const float scale = *ep.scale;
-  const float h_scale = kH ? *hep.scale : 0.0f;
-  uint4 graw[kChunks], uraw[kChunks], draw[kChunks];  // 8 bf16 of gate, up and dout per chunk
+//
+// Tiles of 32 rows (a 32-byte sector per transposed row and tile): 52-64 registers, 4 blocks
+// (32 warps) per SM for the issue-bound math, and a short last wave. With 64-row tiles the kernel
+// held 96-102 registers at 2 blocks per SM (3 spilled with kH): at N 16384 it ran 0.160 ms
+// against 0.1445 (F 2048) and 0.614 against 0.563 ms (F 8192) on the H100 (same-call A/B,
+// bench/results/h100-2026-11-26/).
+constexpr int kBwdRows = 32;
+constexpr int kBwdMinBlocks = 4;
+
+// The loads of one tile: 8 bf16 of gate, up and dout per chunk, kChunks chunks per thread.
+template <int kRows>
+struct BwdRaw {
+  static constexpr int kChunks = kRows * kTK / 8 / kThreads;
+  uint4 g[kChunks], u[kChunks], d[kChunks];
+};
+
+// Issues the loads of the tile at rows m0.., columns k0.. of dout [N, F] and gate_up [N, 2F]
+// (chunks outside the tensor are zeros).
+template <int kRows>
+__device__ __forceinline__ void bwd_load(BwdRaw<kRows>& raw, const uint16_t* __restrict__ dout,
+                                         const uint16_t* __restrict__ gate_up, int64_t n_rows,
+                                         int64_t f, int64_t m0, int64_t k0) {
 #pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
+  for (int j = 0; j < BwdRaw<kRows>::kChunks; ++j) {
     const int c = threadIdx.x + j * kThreads;
     const int r = c / (kTK / 8), cc = (c % (kTK / 8)) * 8;
     const int64_t m = m0 + r, k = k0 + cc;
     if (m < n_rows && k < f) {  // F % 8 == 0: a chunk is entirely inside or outside the row
       const uint16_t* gp = gate_up + m * 2 * f + k;
-      graw[j] = __ldg(reinterpret_cast<const uint4*>(gp));
-      uraw[j] = __ldg(reinterpret_cast<const uint4*>(gp + f));
-      draw[j] = __ldg(reinterpret_cast<const uint4*>(dout + m * f + k));
+      raw.g[j] = __ldg(reinterpret_cast<const uint4*>(gp));
+      raw.u[j] = __ldg(reinterpret_cast<const uint4*>(gp + f));
+      raw.d[j] = __ldg(reinterpret_cast<const uint4*>(dout + m * f + k));
     } else {
-      graw[j] = uraw[j] = draw[j] = make_uint4(0, 0, 0, 0);
+      raw.g[j] = raw.u[j] = raw.d[j] = make_uint4(0, 0, 0, 0);
     }
   }
-  float local_amax = 0.0f, h_amax = 0.0f;
+}
+
+// The tile's math, as swiglu_bwd_fp8_kernel's: dgate_up [N, 2F] (or null) and the rowwise codes
+// written, the codes staged in tiles [dgate, dup, h][kRows][kTK + 4], the amaxes folded into
+// amax and h_amax.
+template <bool kCol, bool kH, int kRows>
+__device__ __forceinline__ void bwd_math(const BwdRaw<kRows>& raw,
+                                         uint8_t (*tiles)[kRows * (kTK + 4)],
+                                         uint16_t* __restrict__ dgate_up, int64_t n_rows, int64_t f,
+                                         int64_t m0, int64_t k0, const Fp8Epilogue& ep,
+                                         const Fp8Epilogue& hep, float scale, float h_scale,
+                                         float& amax, float& h_amax) {
+  constexpr int kPitch = kTK + 4;
+  constexpr int kTiles = kH ? 3 : 2;
 #pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
+  for (int j = 0; j < BwdRaw<kRows>::kChunks; ++j) {
     const int c = threadIdx.x + j * kThreads;
     const int r = c / (kTK / 8), cc = (c % (kTK / 8)) * 8;
     const int64_t m = m0 + r, k = k0 + cc;
     if (m >= n_rows || k >= f) continue;
-    const uint32_t gw[4] = {graw[j].x, graw[j].y, graw[j].z, graw[j].w};
-    const uint32_t uw[4] = {uraw[j].x, uraw[j].y, uraw[j].z, uraw[j].w};
-    const uint32_t dw[4] = {draw[j].x, draw[j].y, draw[j].z, draw[j].w};
+    const uint32_t gw[4] = {raw.g[j].x, raw.g[j].y, raw.g[j].z, raw.g[j].w};
+    const uint32_t uw[4] = {raw.u[j].x, raw.u[j].y, raw.u[j].z, raw.u[j].w};
+    const uint32_t dw[4] = {raw.d[j].x, raw.d[j].y, raw.d[j].z, raw.d[j].w};
     float gf[8], uf[8], hf[8];  // dgate, dup and h as the unfused ops compute them, unrounded
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -214,28 +230,65 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
     uint16_t* dp = dgate_up != nullptr ? dgate_up + m * 2 * f + k : nullptr;
     uint8_t* qp = ep.q != nullptr ? ep.q + m * 2 * f + k : nullptr;
-    fp8_epilogue_chunk8<kCol>(gf, scale, ep.e5m2, dp, qp, tiles[0] + r * kPitch + cc, local_amax);
+    fp8_epilogue_chunk8<kCol>(gf, scale, ep.e5m2, dp, qp, tiles[0] + r * kPitch + cc, amax);
     fp8_epilogue_chunk8<kCol>(uf, scale, ep.e5m2, dp != nullptr ? dp + f : nullptr,
-                              qp != nullptr ? qp + f : nullptr, tiles[1] + r * kPitch + cc,
-                              local_amax);
+                              qp != nullptr ? qp + f : nullptr, tiles[1] + r * kPitch + cc, amax);
     if constexpr (kH) {
       fp8_epilogue_chunk8<true>(hf, h_scale, hep.e5m2, nullptr,
                                 hep.q != nullptr ? hep.q + m * f + k : nullptr,
                                 tiles[kTiles - 1] + r * kPitch + cc, h_amax);
     }
   }
+}
+
+// The staged tiles written transposed: dgate and dup to rows k0.. and F + k0.. of ep.qt [2F, N],
+// h to rows k0.. of hep.qt [F, N]. Tile i's tasks start at thread i · tasks (mod kThreads), so
+// each thread has at most ceil(kTiles · tasks / kThreads) of them. Call after a barrier.
+template <bool kCol, bool kH, int kRows>
+__device__ __forceinline__ void bwd_store_tiles(const uint8_t (*tiles)[kRows * (kTK + 4)],
+                                                int64_t n_rows, int64_t f, int64_t m0, int64_t k0,
+                                                bool vec_t, const Fp8Epilogue& ep,
+                                                const Fp8Epilogue& hep) {
+  constexpr int kPitch = kTK + 4;
+  constexpr int kTiles = kH ? 3 : 2;
+  const int cols = int(f - k0 < kTK ? f - k0 : kTK);
+  const int shift = ((cols + 3) / 4) * (kRows / 16) % kThreads;  // even: keeps the lane pairs
+  int first = int(threadIdx.x);
+  const auto next = [&] { first = first >= shift ? first - shift : first - shift + kThreads; };
+  if constexpr (kCol) {
+    store_transposed<kRows>(ep.qt, tiles[0], kPitch, m0, n_rows, k0, cols, vec_t, first);
+    next();
+    store_transposed<kRows>(ep.qt, tiles[1], kPitch, m0, n_rows, f + k0, cols, vec_t, first);
+    next();
+  }
+  if constexpr (kH) {
+    store_transposed<kRows>(hep.qt, tiles[kTiles - 1], kPitch, m0, n_rows, k0, cols, vec_t, first);
+  }
+}
+
+// One block per tile (blockIdx.x the row tile, blockIdx.y the column tile). Arguments: see the
+// section comment above.
+template <bool kCol, bool kH>
+__global__ void __launch_bounds__(kThreads, kBwdMinBlocks)
+    swiglu_bwd_fp8_kernel(uint16_t* __restrict__ dgate_up, const uint16_t* __restrict__ dout,
+                          const uint16_t* __restrict__ gate_up, int64_t n_rows, int64_t f,
+                          bool vec_t, ops_detail::Fp8Epilogue ep, ops_detail::Fp8Epilogue hep) {
+  pdl::grid_sync();
+  // [dgate, dup, h][kBwdRows][kTK + 4] codes (dgate and dup when kCol, h when kH).
+  __shared__ __align__(16) uint8_t tiles[kH ? 3 : 2][kBwdRows * (kTK + 4)];
+  const float scale = *ep.scale;
+  const float h_scale = kH ? *hep.scale : 0.0f;
+  float amax = 0.0f, h_amax = 0.0f;
+  const int64_t m0 = int64_t(blockIdx.x) * kBwdRows, k0 = int64_t(blockIdx.y) * kTK;
+  BwdRaw<kBwdRows> raw;
+  bwd_load(raw, dout, gate_up, n_rows, f, m0, k0);
+  bwd_math<kCol, kH>(raw, tiles, dgate_up, n_rows, f, m0, k0, ep, hep, scale, h_scale, amax,
+                     h_amax);
   if constexpr (kCol || kH) {
     __syncthreads();  // the tiles are staged
-    const int cols = int(f - k0 < kTK ? f - k0 : kTK);
-    if constexpr (kCol) {
-      store_transposed<kTM>(ep.qt, tiles[0], kPitch, m0, n_rows, k0, cols, vec_t);
-      store_transposed<kTM>(ep.qt, tiles[1], kPitch, m0, n_rows, f + k0, cols, vec_t);
-    }
-    if constexpr (kH) {
-      store_transposed<kTM>(hep.qt, tiles[kTiles - 1], kPitch, m0, n_rows, k0, cols, vec_t);
-    }
+    bwd_store_tiles<kCol, kH, kBwdRows>(tiles, n_rows, f, m0, k0, vec_t, ep, hep);
   }
-  fp8_epilogue_finish(local_amax, scale, ep);
+  fp8_epilogue_finish(amax, scale, ep);
   if constexpr (kH) fp8_epilogue_finish(h_amax, h_scale, hep);
 }
 
@@ -314,22 +367,23 @@ bool swiglu_bwd_quantize_cuda(Context& ctx, const TensorView& dgate_up, const Te
       (dgu != nullptr && !aligned16(dgu))) {
     return false;
   }
-  if (ceil_div(f, kTK) > 65535 || ceil_div(n, kTM) >= (int64_t(1) << 31)) return false;
+  if (ceil_div(f, kTK) > 65535 || ceil_div(n, kBwdRows) >= (int64_t(1) << 31)) return false;
   const bool with_h = h_cfg != nullptr;
   if (with_h && !h_cfg->columnwise) return false;
   const Fp8Epilogue ep = fp8_epilogue_outputs(ctx, cfg, n, 2 * f, out);
   const Fp8Epilogue hep = with_h ? fp8_epilogue_outputs(ctx, *h_cfg, n, f, *h_out) : Fp8Epilogue{};
   const bool vec_t = n % 16 == 0 && (ep.qt == nullptr || aligned16(ep.qt)) &&
                      (hep.qt == nullptr || aligned16(hep.qt));
-  const dim3 grid(static_cast<unsigned>(ceil_div(n, kTM)), static_cast<unsigned>(ceil_div(f, kTK)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(n, kBwdRows)),
+                  static_cast<unsigned>(ceil_div(f, kTK)));
   auto launch = [&](auto kernel) {
     pdl::launch(kernel, grid, kThreads, 0, ctx.stream(), dgu, dy, gu, n, f, vec_t, ep, hep);
   };
   switch ((cfg.columnwise ? 2 : 0) + (with_h ? 1 : 0)) {
     case 0: launch(swiglu_bwd_fp8_kernel<false, false>); break;
-    case 1: launch(swiglu_bwd_fp8_kernel<false, true, 2>); break;
+    case 1: launch(swiglu_bwd_fp8_kernel<false, true>); break;
     case 2: launch(swiglu_bwd_fp8_kernel<true, false>); break;
-    default: launch(swiglu_bwd_fp8_kernel<true, true, 2>); break;
+    default: launch(swiglu_bwd_fp8_kernel<true, true>); break;
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
   return true;

@@ -220,15 +220,17 @@ __device__ __forceinline__ void block_amax_to_global(float local, float* out) {
 // row, so each store instruction of a warp writes 16 whole sectors. Bytes of columns ≥ cols are
 // read (the pitch leaves room) but not written. vec: M % 16 == 0 and qt 16-byte aligned (then
 // k·M + m is a multiple of 16). Every thread of the block must call it (after a barrier that
-// makes the tile visible).
+// makes the tile visible). `first`: the thread's first task (threadIdx.x in the overload below;
+// a caller storing several tiles may rotate it, by an even amount, to spread their tasks over
+// the block — the bytes written are the same).
 template <int ROWS>
 __device__ __forceinline__ void store_transposed(uint8_t* __restrict__ qt,
                                                  const uint8_t* __restrict__ tile, int pitch,
                                                  int64_t m0, int64_t M, int64_t k0, int cols,
-                                                 bool vec) {
+                                                 bool vec, int first) {
   static_assert(ROWS % 32 == 0, "tiles hold whole 32-byte sectors of the transposed rows");
   const int groups = (cols + 3) / 4;
-  for (int c = threadIdx.x; c < groups * (ROWS / 16); c += blockDim.x) {
+  for (int c = first; c < groups * (ROWS / 16); c += blockDim.x) {
     const int pair = c >> 1;
     const int cg = pair % groups, seg = (pair / groups) * 32 + (c & 1) * 16;
     const int64_t m = m0 + seg;
@@ -267,6 +269,15 @@ __device__ __forceinline__ void store_transposed(uint8_t* __restrict__ qt,
       }
     }
   }
+}
+
+// qt [K, M] ← tile [ROWS][pitch] (above), the tasks taken from threadIdx.x.
+template <int ROWS>
+__device__ __forceinline__ void store_transposed(uint8_t* __restrict__ qt,
+                                                 const uint8_t* __restrict__ tile, int pitch,
+                                                 int64_t m0, int64_t M, int64_t k0, int cols,
+                                                 bool vec) {
+  store_transposed<ROWS>(qt, tile, pitch, m0, M, k0, cols, vec, int(threadIdx.x));
 }
 
 }  // namespace lowbit::quant_cuda
