@@ -66,8 +66,9 @@ Tensor random_bf16(int64_t rows, int64_t cols, uint64_t seed, float scale, cudaS
 
 // Median milliseconds of one call of each fns[f]: a first call and `warmup` calls each, then
 // `iters` rounds in which every function runs one burst of back-to-back calls between two
-// events (the functions alternate, so that clock and thermal drift affect them alike; the
-// burst length comes from the warm-up speed of fns[0], aiming at ≈ 1 ms).
+// events (the functions alternate, in an order that rotates each round, so that clock and thermal
+// drift affect them alike; the burst length comes from the warm-up speed of fns[0], aiming at
+// ≈ 1 ms).
 std::vector<double> time_median_ms(cudaStream_t stream, int warmup, int iters,
                                    const std::vector<std::function<void()>>& fns) {
   cudaEvent_t a, b;
@@ -89,7 +90,10 @@ std::vector<double> time_median_ms(cudaStream_t stream, int warmup, int iters,
     const double est = std::max(double(t) / w, 1e-4);
     const int burst = std::clamp(int(std::ceil(1.0 / est)), 1, 64);
     for (int i = 0; i < iters; ++i) {
-      for (size_t f = 0; f < fns.size(); ++f) {
+      // The order rotates round by round, so that every function follows every other one
+      // equally often (the clocks after an FP8 burst are not those after a bf16 burst).
+      for (size_t q = 0; q < fns.size(); ++q) {
+        const size_t f = (q + size_t(i)) % fns.size();
         LOWBIT_CUDA_CHECK(cudaEventRecord(a, stream));
         for (int j = 0; j < burst; ++j) fns[f]();
         LOWBIT_CUDA_CHECK(cudaEventRecord(b, stream));

@@ -215,7 +215,9 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
 // (equal to the max over rounded values: see rht16_butterfly_f32). One atomic per block and
 // amax; the max is order-independent, so the result is deterministic.
 // Preconditions (checked by the launcher): bf16, M % 16 == 0, K % 8 == 0, x 16-byte aligned.
-__global__ void __launch_bounds__(kThreads)
+// 2 blocks per SM (128 registers, no spills): the 8192² two-pass quantization 0.182 → 0.170 ms
+// with the quantize pass above on the H100 (1 block per SM compiled to 120-146 registers).
+__global__ void __launch_bounds__(kThreads, 2)
     nvfp4_amax_v9_kernel(const uint16_t* __restrict__ x,  // [M, K] bf16
                          int64_t M, int64_t K, bool want_row, bool want_col, bool rht,
                          float* amax_row, float* amax_col) {
@@ -486,6 +488,20 @@ __global__ void __launch_bounds__(kThreads, 3)
 //  * RHT stage 1 fused with the ±1/4 step (rht16_butterfly_f32_fused, the same values).
 // Per source element (both copies, RHT on) that is about 30 instructions against v10's 45-50;
 // every value is the same operation on the same operands as in v10, the Philox indices included.
+//
+// Instruction trim of the round-to-nearest path (same codes, scales and indices; SASS of one loop
+// iteration of the hot path, 32 source elements per thread, RHT on, no NaN: 1198 → 897; 961
+// when a warp holds a block that needs the clamp):
+//  * E2M1 magnitudes by two lines instead of three (e2m1_rn_mag2_biased: the binade change of
+//    fp32 at 2^24 is the quantum change of E2M1 at 4), 4 fp32 instructions per code instead of 6;
+//    none saturates when every |RN(v·m)| of the warp's blocks is below 7, i.e. RN(amax·m) < 7
+//    (e2m1_rn_mag2_biased_below7, 3 per code; a warp vote picks the variant).
+//  * Signs without shifts: byte permutes with sign replication (e2m1_or_sign_bytes), rowwise
+//    from the bf16 words themselves (RN(v·m) with m > 0 has the sign bit of v): 6 (rowwise) or 8
+//    instructions per 8 codes instead of 9.
+//  * Loop: the tile coordinates and offsets advance by additions (no 64-bit division per tile),
+//    the next tile's registers go to shared memory at the end of the iteration and the rowwise
+//    blocks read the thread's own granules back (4 LDS.128 instead of 16 register moves).
 constexpr int kV11M = kV10M;  // tile rows (M)
 constexpr int kV11K = kV10K;  // tile columns (K)
 
@@ -532,8 +548,9 @@ __device__ __forceinline__ uint32_t block_scale_pair(float amax_lo, float amax_h
 
 // 16 values (no NaN) → 16 packed E2M1 codes of RN(v·mult) (kZeroFix: RN(v·mult + 0), see v10),
 // or with stochastic rounding by the Philox stream at indices idx0 + i (idx0 % 4 == 0: one
-// Philox block per four codes, as quantize_block).
-template <bool kSR, bool kZeroFix>
+// Philox block per four codes, as quantize_block). kBelow7 (round to nearest only): every
+// |RN(v·mult)| is below 7, so the encoder needs no clamp (e2m1_rn_mag2_biased_below7).
+template <bool kSR, bool kZeroFix, bool kBelow7 = false>
 __device__ __forceinline__ uint64_t nvfp4_codes16_fast(const float (&v)[16], float mult, RngKey key,
                                                        int64_t idx0) {
   uint32_t word[2];
@@ -554,7 +571,7 @@ __device__ __forceinline__ uint64_t nvfp4_codes16_fast(const float (&v)[16], flo
       }
       word[h] = e2m1_pack8_sr(p, r);
     } else {
-      word[h] = e2m1_pack8_rn(p);
+      word[h] = e2m1_pack8_rn2<kBelow7>(p);  // = e2m1_pack8_rn(p), two-line magnitudes
     }
   }
   return (uint64_t(word[1]) << 32) | word[0];
@@ -570,19 +587,35 @@ __device__ __forceinline__ void unpack16(const uint32_t (&w)[8], float (&v)[16])
 }
 
 // Rowwise block (16 values in w) with scale code sd: packed codes, fast unless the block holds
-// NaN (then v10's codec path).
-template <bool kSR>
+// NaN (then v10's codec path). kBelow7 as in nvfp4_codes16_fast.
+template <bool kSR, bool kBelow7 = false>
 __device__ __forceinline__ uint64_t nvfp4_row_codes_v11(const uint32_t (&w)[8], bool has_nan,
                                                         float mult, RngKey key, int64_t idx0) {
   float v[16];
   unpack16(w, v);
   if (has_nan) return nvfp4_codes16<kSR, false>(v, mult, key, idx0);
-  return nvfp4_codes16_fast<kSR, false>(v, mult, key, idx0);
+  if constexpr (!kSR) {
+    // RN(v·mult) with mult > 0 (a table value: positive and finite, see nvfp4_block_multiplier)
+    // has the sign bit of v, so the signs are gathered from the bf16 words themselves.
+    uint32_t word[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float p[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) p[i] = mul_rn(v[8 * h + i], mult);
+      const uint32_t wh[4] = {w[4 * h], w[4 * h + 1], w[4 * h + 2], w[4 * h + 3]};
+      word[h] = e2m1_pack8_rn2_bf16<kBelow7>(p, wh);
+    }
+    return (uint64_t(word[1]) << 32) | word[0];
+  } else {
+    return nvfp4_codes16_fast<kSR, false>(v, mult, key, idx0);
+  }
 }
 
 // Columnwise pair of chunks (a: low halves of w, b: high halves), scale codes sda, sdb: packed
-// codes of both. kZeroFix with RHT (the "+0 for a zero result" of the transform).
-template <bool kSR, bool kZeroFix>
+// codes of both. kZeroFix with RHT (the "+0 for a zero result" of the transform); kBelow7 as in
+// nvfp4_codes16_fast.
+template <bool kSR, bool kZeroFix, bool kBelow7 = false>
 __device__ __forceinline__ void nvfp4_col_codes_v11(const uint32_t (&w)[16], bool has_nan, float ma,
                                                     float mb, RngKey key, int64_t idx_a,
                                                     int64_t idx_b, uint64_t& ca, uint64_t& cb) {
@@ -596,20 +629,18 @@ __device__ __forceinline__ void nvfp4_col_codes_v11(const uint32_t (&w)[16], boo
     ca = nvfp4_codes16<kSR, kZeroFix>(va, ma, key, idx_a);
     cb = nvfp4_codes16<kSR, kZeroFix>(vb, mb, key, idx_b);
   } else {
-    ca = nvfp4_codes16_fast<kSR, kZeroFix>(va, ma, key, idx_a);
-    cb = nvfp4_codes16_fast<kSR, kZeroFix>(vb, mb, key, idx_b);
+    ca = nvfp4_codes16_fast<kSR, kZeroFix, kBelow7>(va, ma, key, idx_a);
+    cb = nvfp4_codes16_fast<kSR, kZeroFix, kBelow7>(vb, mb, key, idx_b);
   }
 }
 
-// Thread t's part of tile `tile` (M fastest over mt tiles of M): rows t/4 and t/4 + 64, granules
-// 2·(t % 4) and +1.
-__device__ __forceinline__ void nvfp4_v11_load(const uint16_t* __restrict__ x, int64_t K,
-                                               int64_t tile, int64_t mt, int t,
-                                               uint4 (&raw)[2][2]) {
-  const int64_t m0 = (tile % mt) * kV11M, k0 = (tile / mt) * kV11K;
+// Thread t's part of the tile whose first element is x[T] (T = m0·K + k0): rows t/4 and t/4 + 64,
+// granules 2·(t % 4) and +1, from xt = x + (t/4)·K + 16·(t % 4).
+__device__ __forceinline__ void nvfp4_v11_load(const uint16_t* __restrict__ xt, int64_t K,
+                                               uint64_t T, uint4 (&raw)[2][2]) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const uint16_t* p = x + (m0 + (t >> 2) + 64 * j) * K + k0 + 16 * (t & 3);
+    const uint16_t* p = xt + T + 64 * j * K;
     raw[j][0] = *reinterpret_cast<const uint4*>(p);
     raw[j][1] = *reinterpret_cast<const uint4*>(p + 8);
   }
@@ -617,13 +648,49 @@ __device__ __forceinline__ void nvfp4_v11_load(const uint16_t* __restrict__ x, i
 
 // Preconditions (checked by the launcher): !two_d, M % 128 == 0, K % 64 == 0, x 16-byte aligned;
 // the grid is at most the number of tiles. Outputs as in nvfp4_kernel.
+// Blocks per SM: 3 without stochastic rounding (80 registers, no spills; at 2 blocks the 16 warps
+// per SM issued 0.70 instructions per scheduler-cycle under ncu, and 3 blocks cut the 8192²
+// pass 0.1216 → 0.1154 ms on the H100; 4 blocks at 64 registers ran the same as 3), 2 with it
+// (3 spill 320 bytes and run slower).
+// Loop structure (per tile, no division and no register copies): the tile is in s.tile when the
+// iteration starts (barrier A); the next tile's loads go out into registers; the rowwise blocks
+// read the thread's own granules back from s.tile (4 LDS.128 instead of carrying the loaded
+// registers across the loop: 16 moves); after barrier B (codes staged, every read of s.tile
+// done) the columnwise copy is stored and the next tile's registers are written into s.tile.
 template <bool kSR>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
     nvfp4_quant_v11_kernel(const uint16_t* __restrict__ x, Nvfp4Args a) {
   __shared__ Nvfp4V11Smem s;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int rb = t & 3;  // rowwise K-block of this thread
-  const int64_t mt = a.M / kV11M, n_tiles = mt * (a.K / kV11K);
+  const int rb = t & 3;   // rowwise K-block of this thread
+  const int rr = t >> 2;  // rowwise rows rr and rr + 64 of the tile
+  const int rs = rr & 1;  // their granule swizzle ((rr + 64) & 1 == rr & 1)
+  const int64_t K = a.K, M = a.M;
+  // Tile (mi, ki): rows 128·mi.., columns 64·ki..; tile index mi + mt·ki (M fastest). The block
+  // walks the tiles b, b + G, b + 2G, ... (G = gridDim.x), i.e. (mi, ki) += (G % mt, G / mt) with
+  // a carry: no division in the loop. int is enough: a tile is 16 KB of bf16, so the tile counts
+  // (and G ≤ their product) are far below 2^31 for any tensor that fits in device memory.
+  const int mt = int(M / kV11M), kt = int(K / kV11K);
+  const int G = int(gridDim.x), dmi = G % mt, dki = G / mt;
+  int mi = int(blockIdx.x) % mt, ki = int(blockIdx.x) / mt;
+  // T = m0·K + k0 (the tile's first element in x, [M, K]) and Tt = k0·M + m0 (its place in the
+  // transposed [K, M] copy) move with (mi, ki): + (dmi·128·K + dki·64, dki·64·M + dmi·128), and
+  // a carry (mi wraps: mi - mt, ki + 1) adds (64 - M·K, 64·M - M) more. Unsigned (both are
+  // non-negative), so T / 2 and T / 16 are plain shifts.
+  const uint64_t dT = uint64_t(dmi) * (kV11M * K) + uint64_t(kV11K) * dki;
+  const uint64_t dTt = uint64_t(dki) * (kV11K * M) + uint64_t(kV11M) * dmi;
+  const uint64_t cT = uint64_t(kV11K) - uint64_t(M) * uint64_t(K);  // mod 2^64
+  const uint64_t cTt = uint64_t(kV11K - 1) * uint64_t(M);
+  uint64_t T = uint64_t(mi) * (kV11M * K) + uint64_t(kV11K) * ki;
+  uint64_t Tt = uint64_t(ki) * (kV11K * M) + uint64_t(kV11M) * mi;
+  // Per-thread offsets, fixed over the loop (a tile adds T to the [M, K] ones, T / 2 for packed
+  // codes, T / 16 for scales, and Tt, Tt / 2, Tt / 16 to the [K, M] ones: M and K are multiples
+  // of 128 and 64, so every division is exact).
+  const uint16_t* const xt = x + int64_t(rr) * K + 16 * rb;
+  const uint64_t q_off = uint64_t(rr) * (K / 2) + 8 * rb;  // a.q, row rr (row rr + 64: + 32·K)
+  const uint64_t qs_off = uint64_t(rr) * (K / 16) + rb;    // a.q_scale (row rr + 64: + 4·K)
+  const uint64_t qt_off = uint64_t(t >> 2) * (M / 2) + 16 * (t & 3);   // a.qt (column store)
+  const uint64_t qts_off = uint64_t(t >> 2) * (M / 16) + 2 * (t & 3);  // a.qt_scale
   // Every thread derives the global scales (the amaxes are final when the kernel starts); the
   // multiplier tables are published by the first __syncthreads of the loop.
   const Nvfp4GlobalScale g_row = nvfp4_global_scale(*a.amax_row);
@@ -634,24 +701,32 @@ __global__ void __launch_bounds__(kThreads, 2)
     s.mult[1][t - 128] = nvfp4_block_multiplier(uint8_t(t - 128), g_col.s_dec);
   }
 
-  int64_t tile = blockIdx.x;
-  uint4 raw[2][2];  // [j][half]: row t/4 + 64j, granules 2·rb + half
-  nvfp4_v11_load(x, a.K, tile, mt, t, raw);
-  for (; tile < n_tiles; tile += gridDim.x) {
-    const int64_t m0 = (tile % mt) * kV11M, k0 = (tile / mt) * kV11K;
-    if (a.columnwise) {
+  // The thread's two rows of a tile in s.tile: granules 2·rb + h, swizzled by the row parity.
+  uint4* const own[2][2] = {{&s.tile[rr][(2 * rb) ^ rs], &s.tile[rr][(2 * rb + 1) ^ rs]},
+                            {&s.tile[rr + 64][(2 * rb) ^ rs], &s.tile[rr + 64][(2 * rb + 1) ^ rs]}};
+  if (ki < kt) {
+    uint4 raw[2][2];  // [j][half]: row rr + 64j, granules 2·rb + half
+    nvfp4_v11_load(xt, K, T, raw);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int r = (t >> 2) + 64 * j;
+    for (int j = 0; j < 2; ++j) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) s.tile[r][(2 * rb + h) ^ (r & 1)] = raw[j][h];
-      }
+      for (int h = 0; h < 2; ++h) *own[j][h] = raw[j][h];
     }
+  }
+  while (ki < kt) {
+    int mi_next = mi + dmi, ki_next = ki + dki;
+    uint64_t T_next = T + dT, Tt_next = Tt + dTt;
+    if (mi_next >= mt) {
+      mi_next -= mt;
+      ++ki_next;
+      T_next += cT;
+      Tt_next += cTt;
+    }
+    const bool has_next = ki_next < kt;
+    __syncthreads();  // A: s.tile holds the tile; s.cp and s.cs are free again
     // The next tile's loads go out now and land while this tile is quantized.
     uint4 next[2][2];
-    const int64_t tile_next = tile + gridDim.x;
-    if (tile_next < n_tiles) nvfp4_v11_load(x, a.K, tile_next, mt, t, next);
-    __syncthreads();
+    if (has_next) nvfp4_v11_load(xt, K, T_next, next);
 
     if (a.rowwise) {
       uint32_t w[2][8];
@@ -659,8 +734,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       bool nan[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const uint32_t ww[8] = {raw[j][0].x, raw[j][0].y, raw[j][0].z, raw[j][0].w,
-                                raw[j][1].x, raw[j][1].y, raw[j][1].z, raw[j][1].w};
+        const uint4 lo = *own[j][0], hi = *own[j][1];  // the thread's own granules (its loads)
+        const uint32_t ww[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
         for (int i = 0; i < 8; ++i) w[j][i] = ww[i];
         const uint32_t m = bf16x2_absmax_tree(w[j]);
@@ -680,15 +755,38 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
       const uint32_t sd2 = block_scale_pair(am[0], am[1], g_row.k);
+      const uint32_t sd[2] = {sd2 & 0xFFu, (sd2 >> 8) & 0xFFu};
+      uint64_t packed[2];
+      if constexpr (kSR) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint32_t sd = (sd2 >> (8 * j)) & 0xFFu;
-        const int64_t m = m0 + (t >> 2) + 64 * j;
-        const int64_t idx0 = m * a.K + k0 + 16 * rb;
-        const uint64_t packed =
-            nvfp4_row_codes_v11<kSR>(w[j], nan[j], s.mult[0][sd], a.row_key, idx0);
-        *reinterpret_cast<uint64_t*>(a.q + idx0 / 2) = packed;
-        a.q_scale[m * (a.K / 16) + k0 / 16 + rb] = uint8_t(sd);
+        for (int j = 0; j < 2; ++j) {
+          const int64_t idx0 = int64_t(T) + (rr + 64 * j) * K + 16 * rb;  // m·K + k0 + 16·rb
+          packed[j] = nvfp4_row_codes_v11<true>(w[j], nan[j], s.mult[0][sd[j]], a.row_key, idx0);
+        }
+      } else {
+        const float mult[2] = {s.mult[0][sd[0]], s.mult[0][sd[1]]};
+        // The encoder needs no clamp when every |RN(v·mult)| is below 7, i.e. when
+        // RN(amax·mult) < 7 (RN is monotonic and |v| ≤ amax), for both blocks of every lane of
+        // the warp: a warp-uniform choice (a NaN block takes the codec either way; | and &
+        // evaluate both sides without branches).
+        const bool ok0 = nan[0] | (mul_rn(am[0], mult[0]) < 7.0f);
+        const bool ok1 = nan[1] | (mul_rn(am[1], mult[1]) < 7.0f);
+        if (__all_sync(0xFFFFFFFFu, ok0 & ok1)) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            packed[j] = nvfp4_row_codes_v11<false, true>(w[j], nan[j], mult[j], a.row_key, 0);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            packed[j] = nvfp4_row_codes_v11<false>(w[j], nan[j], mult[j], a.row_key, 0);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {  // rows rr + 64j: 8 bytes of codes, one scale byte
+        *reinterpret_cast<uint64_t*>(a.q + ((T >> 1) + q_off + uint64_t(j) * 32 * K)) = packed[j];
+        a.q_scale[(T >> 4) + qs_off + uint64_t(j) * 4 * K] = uint8_t(sd[j]);
       }
     }
 
@@ -728,24 +826,61 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       const uint32_t sd2 = block_scale_pair(ama, amb, g_col.k);
       const float ma = s.mult[1][sd2 & 0xFFu], mbm = s.mult[1][sd2 >> 8];
-      const int64_t idx_a = (k0 + 2 * p) * a.M + m0 + 16 * mb;
+      // As for the rows: |RN(y·m + 0)| = RN(|y|·m) ≤ RN(amax·m) (the amaxes are the exact max |y|
+      // of the NaN-free chunks).
+      bool below7 = false;
+      if constexpr (!kSR) {
+        below7 =
+            __all_sync(0xFFFFFFFFu, nan | ((mul_rn(ama, ma) < 7.0f) & (mul_rn(amb, mbm) < 7.0f)));
+      }
+      // Philox index of chunk a (stochastic rounding only): (k0 + 2p)·M + m0 + 16·mb.
+      const int64_t idx_a = kSR ? int64_t(Tt) + 2 * p * M + 16 * mb : 0;
       uint64_t ca, cb;
       if (a.rht) {
-        nvfp4_col_codes_v11<kSR, true>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + a.M, ca, cb);
+        if (below7) {
+          nvfp4_col_codes_v11<kSR, true, true>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca,
+                                               cb);
+        } else {
+          nvfp4_col_codes_v11<kSR, true>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca, cb);
+        }
       } else {
-        nvfp4_col_codes_v11<kSR, false>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + a.M, ca, cb);
+        if (below7) {
+          nvfp4_col_codes_v11<kSR, false, true>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca,
+                                                cb);
+        } else {
+          nvfp4_col_codes_v11<kSR, false>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca, cb);
+        }
       }
       const int ks = (2 * p) ^ ((mb >> 1) << 2);  // even: bit 0 is never swizzled
       *reinterpret_cast<ulonglong2*>(&s.cp[mb][ks]) = make_ulonglong2(ca, cb);
       s.cs[mb][p] = uint16_t(sd2);
-      __syncthreads();
-      store_col_tile_row(s, a, m0, k0, t);
     }
+    __syncthreads();  // B: codes and scales staged; every read of s.tile is done
+    if (a.columnwise) {
+      // Transposed row k0 + t/4, M-blocks 2q and 2q + 1 (q = t % 4): 16 bytes of codes and two
+      // scale bytes (the bytes of store_col_tile_row; s.cs read bytewise: byte k of row mb is
+      // the scale of column k, little-endian halves of the words written above).
+      const int k = t >> 2, q = t & 3;
+      const int kz = k ^ (q << 2);  // the swizzle of M-blocks 2q and 2q + 1
+      const uint64_t lo = s.cp[2 * q][kz], hi = s.cp[2 * q + 1][kz];
+      const uint8_t* cs8 = reinterpret_cast<const uint8_t*>(&s.cs[0][0]);
+      const uint32_t sc_lo = cs8[(2 * q) * int(sizeof(s.cs[0])) + k];
+      const uint32_t sc_hi = cs8[(2 * q + 1) * int(sizeof(s.cs[0])) + k];
+      *reinterpret_cast<ulonglong2*>(a.qt + ((Tt >> 1) + qt_off)) = make_ulonglong2(lo, hi);
+      *reinterpret_cast<uint16_t*>(a.qt_scale + ((Tt >> 4) + qts_off)) =
+          uint16_t(sc_lo | (sc_hi << 8));
+    }
+    if (has_next) {  // s.tile is free: stage the next tile (its loads have long landed)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      raw[j][0] = next[j][0];
-      raw[j][1] = next[j][1];
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) *own[j][h] = next[j][h];
+      }
     }
+    mi = mi_next;
+    ki = ki_next;
+    T = T_next;
+    Tt = Tt_next;
   }
 }
 

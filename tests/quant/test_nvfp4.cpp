@@ -411,6 +411,38 @@ TEST(QuantNvfp4, LinesE2m1EncoderEqualsCodec) {
   EXPECT_EQ(bad, 0);
 }
 
+// e2m1_fast.h, round to nearest by two lines (the binade change of fp32 at 2^24 as the E2M1
+// quantum change at 4): the magnitude code of every non-NaN input equals the codec's, clamped for
+// any input and unclamped (e2m1_rn_mag2_biased_below7) for |x| < 7. Every pattern of |x| in
+// [2^-10, 2^10) of both signs, every pattern just below 7, a sparse sweep of the rest, the
+// specials. (The quantize kernels rely on it; a host sweep of all 2^32 patterns agreed too.)
+TEST(QuantNvfp4, TwoLineE2m1EncoderEqualsCodec) {
+  int64_t bad = 0;
+  auto check = [&](uint32_t b) {
+    const float x = f32_from_bits(b);
+    if (f32_is_nan(x)) return;
+    const uint32_t want = encode_rn(DType::kE2M1, x) & 7u;
+    const uint32_t got = e2m1_rn_mag2(x);
+    if (got != want && ++bad <= 8)
+      ADD_FAILURE() << std::hex << "x=0x" << b << " two-line " << got << " codec " << want;
+    if (std::fabs(x) < 7.0f) {
+      const uint32_t got7 = e2m1_rn_mag2_biased_below7(x) - kE2m1Magic2Bits;
+      if (got7 != want && ++bad <= 8)
+        ADD_FAILURE() << std::hex << "x=0x" << b << " unclamped " << got7 << " codec " << want;
+    }
+  };
+  for (uint32_t sign : {0u, 0x80000000u}) {
+    for (uint32_t b = (127u - 10u) << 23; b < (127u + 10u) << 23; ++b) check(sign | b);
+    for (uint32_t b = 0x40DFFFFFu - 100000u; b <= 0x40E00000u; ++b) check(sign | b);  // up to 7
+  }
+  for (uint64_t b = 0; b < (uint64_t(1) << 32); b += 251) check(uint32_t(b));
+  for (uint32_t b : {0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007FFFFFu, 0x00800000u,
+                     0x7F800000u, 0xFF800000u, 0x7F7FFFFFu, 0xFF7FFFFFu}) {
+    check(b);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 // e2m1_fast.h, stochastic rounding: for every x the codec rounds up exactly for the random words
 // below a threshold; the fast encoder must agree at the threshold, on both sides of it and at
 // the ends of the range, for x over every binade of fp32 (subnormals, zero and inf included).
@@ -490,6 +522,76 @@ TEST(QuantNvfp4, PackedE2m1WordsEqualCodec) {
     }
   }
   EXPECT_EQ(bad, 0);
+}
+
+// The two-line packers: e2m1_pack8_rn2 (signs from the values, sign-replicating byte permutes)
+// equals e2m1_pack8_rn and the codec; e2m1_pack8_rn2_bf16 (signs from the bf16 words of v for
+// x = RN(v·m), m > 0) equals the codec for bf16 values of every kind (zeros of both signs,
+// subnormals, infinities) and multipliers from the smallest subnormal to FLT_MAX; the unclamped
+// (kBelow7) forms agree whenever every |x| < 7.
+TEST(QuantNvfp4, TwoLinePackedE2m1WordsEqualCodec) {
+  const float specials[] = {0.0f,   -0.0f, 1e-40f, -1e-40f,  0.25f,    -0.25f, 0.75f,
+                            -1.25f, 1.75f, 2.5f,   -3.5f,    5.0f,     -6.0f,  6.9999995f,
+                            -6.5f,  7.0f,  -7.0f,  INFINITY, -INFINITY};
+  constexpr int kSpecials = int(sizeof(specials) / sizeof(specials[0]));
+  int64_t bad = 0, below7 = 0;
+  for (int it = 0; it < 200000; ++it) {
+    // Arbitrary fp32 values (no NaN).
+    float y[8];
+    uint32_t want_y = 0;
+    bool y7 = true;
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t u = philox_uint32(31, 0, uint64_t(8 * it + i));
+      y[i] = (u & 3u) == 0 ? specials[(u >> 2) % kSpecials]
+                           : philox_uniform(32, 0, uint64_t(8 * it + i)) * 16.0f - 8.0f;
+      if ((u & 0x30u) == 0) y[i] *= 1e-3f;
+      want_y |= encode_rn(DType::kE2M1, y[i]) << (4 * i);
+      y7 = y7 && std::fabs(y[i]) < 7.0f;
+    }
+    // bf16 values packed in pairs and products with a positive multiplier.
+    uint32_t w[4];
+    float x[8];
+    const uint32_t um = philox_uint32(33, 0, uint64_t(it));
+    const float m = um % 5 == 0 ? f32_max_finite()
+                    : um % 5 == 1
+                        ? f32_from_bits(1u + (um >> 12))  // subnormal
+                        : std::ldexp(1.0f + float(um >> 9) * 0x1p-23f, int((um >> 3) % 40) - 20);
+    uint32_t want_x = 0;
+    bool x7 = true;
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t u = philox_uint32(34, 0, uint64_t(8 * it + i));
+      uint16_t b;
+      switch (u % 5) {
+        case 0: b = uint16_t(u >> 16); break;                 // any pattern
+        case 1: b = (u & 0x100u) ? 0x8000u : 0x0000u; break;  // zeros
+        case 2: b = uint16_t((u >> 16) & 0x807Fu); break;     // subnormals
+        default: b = f32_to_bf16_rn(philox_uniform(35, 0, uint64_t(8 * it + i)) * 8.0f - 4.0f);
+      }
+      if ((b & 0x7FFFu) > 0x7F80u) b = 0xFF80u;  // NaN → -inf
+      if (i % 2 == 0) {
+        w[i / 2] = b;
+      } else {
+        w[i / 2] |= uint32_t(b) << 16;
+      }
+      x[i] = mul_rn(bf16_to_f32(b), m);
+      want_x |= encode_rn(DType::kE2M1, x[i]) << (4 * i);
+      x7 = x7 && std::fabs(x[i]) < 7.0f;
+    }
+    auto expect = [&](uint32_t got, uint32_t want, const char* what) {
+      if (got != want && ++bad <= 8)
+        ADD_FAILURE() << what << std::hex << ": 0x" << got << " vs 0x" << want;
+    };
+    expect(e2m1_pack8_rn2(y), want_y, "pack8_rn2");
+    expect(e2m1_pack8_rn(y), want_y, "pack8_rn");
+    expect(e2m1_pack8_rn2_bf16(x, w), want_x, "pack8_rn2_bf16");
+    if (y7) expect(e2m1_pack8_rn2<true>(y), want_y, "pack8_rn2<below7>");
+    if (x7) {
+      ++below7;
+      expect(e2m1_pack8_rn2_bf16<true>(x, w), want_x, "pack8_rn2_bf16<below7>");
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(below7, 1000);
 }
 
 // The kernels' fused first butterfly stage gives the same fp32 values (bit for bit, NaN as NaN)
