@@ -81,6 +81,7 @@ struct Nvfp4Args {
   uint8_t* qt_scale;  // [K, M/16]
   float* amax_row;    // [1] global amax of x (pass 1 accumulates)
   float* amax_col;    // [1] global amax of the columnwise copy (after RHT)
+  int group_m = 0;    // v11: tiles walked in groups of group_m M-tiles (0: M fastest)
 };
 
 // kV9: the columnwise RHT rounds with column_chunk<true>; otherwise the v8 kernel unchanged.
@@ -673,6 +674,36 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
   const int mt = int(M / kV11M), kt = int(K / kV11K);
   const int G = int(gridDim.x), dmi = G % mt, dki = G / mt;
   int mi = int(blockIdx.x) % mt, ki = int(blockIdx.x) / mt;
+  // Grouped walk (a.group_m = gm > 0): tile t → group g = t / (gm·kt) of gm M-tiles (the last
+  // group may be narrower), M fastest within the group, then K. The resident tiles then span
+  // gm·128 rows of x instead of all M rows: at 128 M elements the M-fastest walk's warps stall
+  // longer on memory (16384 × 8192: 0.60 warps issued per scheduler-cycle against 0.67 at 64 M
+  // elements, same DRAM and L2 rates), and groups of 16 took the pass 0.244 → 0.208 ms there
+  // (59 → 69 % of copy) and 0.1034 → 0.1002 ms at 8192², while below 64 M elements (x within a
+  // few L2 sizes) M fastest stays faster (bench/results/h100-2026-11-26/nvfp4-tile-groups-1045).
+  // The coordinates cost two integer divisions per 8192-element tile.
+  const int gm = a.group_m;
+  int t_cur = int(blockIdx.x);
+  const int n_tiles = mt * kt;
+  auto coords = [&](int t, int& m_i, int& k_i) {
+    const int full = mt / gm, gsize = gm * kt, g = t / gsize;
+    if (g < full) {
+      const int r = t - g * gsize;
+      m_i = g * gm + r % gm;
+      k_i = r / gm;
+    } else {
+      const int r = t - full * gsize, gw = mt - full * gm;
+      m_i = full * gm + r % gw;
+      k_i = r / gw;
+    }
+  };
+  if (gm > 0) {
+    if (t_cur < n_tiles) {
+      coords(t_cur, mi, ki);
+    } else {
+      ki = kt;
+    }
+  }
   // T = m0·K + k0 (the tile's first element in x, [M, K]) and Tt = k0·M + m0 (its place in the
   // transposed [K, M] copy) move with (mi, ki): + (dmi·128·K + dki·64, dki·64·M + dmi·128), and
   // a carry (mi wraps: mi - mt, ki + 1) adds (64 - M·K, 64·M - M) more. Unsigned (both are
@@ -681,8 +712,8 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
   const uint64_t dTt = uint64_t(dki) * (kV11K * M) + uint64_t(kV11M) * dmi;
   const uint64_t cT = uint64_t(kV11K) - uint64_t(M) * uint64_t(K);  // mod 2^64
   const uint64_t cTt = uint64_t(kV11K - 1) * uint64_t(M);
-  uint64_t T = uint64_t(mi) * (kV11M * K) + uint64_t(kV11K) * ki;
-  uint64_t Tt = uint64_t(ki) * (kV11K * M) + uint64_t(kV11M) * mi;
+  uint64_t T = ki < kt ? uint64_t(mi) * (kV11M * K) + uint64_t(kV11K) * ki : 0;
+  uint64_t Tt = ki < kt ? uint64_t(ki) * (kV11K * M) + uint64_t(kV11M) * mi : 0;
   // Per-thread offsets, fixed over the loop (a tile adds T to the [M, K] ones, T / 2 for packed
   // codes, T / 16 for scales, and Tt, Tt / 2, Tt / 16 to the [K, M] ones: M and K are multiples
   // of 128 and 64, so every division is exact).
@@ -721,6 +752,16 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
       ++ki_next;
       T_next += cT;
       Tt_next += cTt;
+    }
+    if (gm > 0) {  // the grouped walk replaces the step above
+      t_cur += G;
+      if (t_cur < n_tiles) {
+        coords(t_cur, mi_next, ki_next);
+        T_next = uint64_t(mi_next) * (kV11M * K) + uint64_t(kV11K) * ki_next;
+        Tt_next = uint64_t(ki_next) * (kV11K * M) + uint64_t(kV11M) * mi_next;
+      } else {
+        ki_next = kt;
+      }
     }
     const bool has_next = ki_next < kt;
     __syncthreads();  // A: s.tile holds the tile; s.cp and s.cs are free again
@@ -947,6 +988,9 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
     LOWBIT_CUDA_CHECK_LAUNCH();
   }
   if (v11) {
+    // Tile groups of 16 M-tiles from 64 M elements up (see the kernel), without stochastic
+    // rounding: the SR pass ran ~6 % slower grouped (0.748 → 0.792 ms at 16384 × 8192).
+    a.group_m = !sr && M * K >= (int64_t(1) << 26) ? 16 : 0;
     const int64_t n_tiles = (M / kV11M) * (K / kV11K);
     const auto* xb = reinterpret_cast<const uint16_t*>(x);
     if (sr) {

@@ -220,6 +220,24 @@ TEST_F(GpuQuant, Nvfp4FullTileKernelMatchesCpuTwin) {
   }
 }
 
+// From 64 M elements the NVFP4 quantize pass without stochastic rounding walks its tiles in
+// groups of 16 M-tiles (nvfp4_kernels.cu): 8320 × 8192 has 65 M-tiles, so four full groups and a
+// one-tile last group, every tile checked against the CPU twin (and the SR pass at that shape).
+TEST_F(GpuQuant, Nvfp4TileGroupsWithAPartialLastGroupMatchCpuTwin) {
+  auto variant = [](bool sr) {
+    return [=] {
+      QuantConfig q = QuantConfig::nvfp4_activation();
+      q.hadamard_columnwise = true;
+      q.stochastic_rounding = sr;
+      q.sr_key = RngKey{0x5EED, 7};
+      return q;
+    };
+  };
+  const std::vector<Case> nv = {{"nvfp4_both_rht", variant(false), 16},
+                                {"nvfp4_both_rht_sr", variant(true), 16}};
+  for (const Case& c : nv) check_case(c, 8320, 8192, Fill::kNormal);
+}
+
 // An f32 source quantized with round_source_to_bf16 (a weight from its f32 master): the GPU
 // (per-tensor: the cast rounds on load; other modes: through a rounded copy) against the CPU
 // twin, which rounds first. The source's low mantissa bits are set, so that skipping the
