@@ -90,8 +90,8 @@ std::vector<double> time_median_ms(cudaStream_t stream, int warmup, int iters,
     const double est = std::max(double(t) / w, 1e-4);
     const int burst = std::clamp(int(std::ceil(1.0 / est)), 1, 64);
     for (int i = 0; i < iters; ++i) {
-      // The order rotates round by round, so that every function follows every other one
-      // equally often (the clocks after an FP8 burst are not those after a bf16 burst).
+      // The order rotates round by round, so that every function takes every place in the
+      // round equally often (the clocks after an FP8 burst are not those after a bf16 burst).
       for (size_t q = 0; q < fns.size(); ++q) {
         const size_t f = (q + size_t(i)) % fns.size();
         LOWBIT_CUDA_CHECK(cudaEventRecord(a, stream));
@@ -412,7 +412,6 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& opt) {
       }
 
       for (GemmRole role : opt.roles) {
-        const int ri = static_cast<int>(role);
         GemmBenchRow row = make_row(s, role, mode, prep_error);
         auto op = [&](const Tensor& dense, const QuantizedTensor& q) {
           return cfgs ? GemmOperand::of(q) : GemmOperand::of(dense.view());
@@ -480,7 +479,7 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& opt) {
             if (raw || !raw_error.empty()) {
               GemmBenchRow rr = row;
               rr.impl = "cublaslt";
-              rr.ratio_bf16 = kNaN;
+              rr.ratio_bf16 = rr.bf16_ms = kNaN;
               if (raw) {
                 rr.ms = ms[raw_i];
                 rr.tflops = flops / rr.ms / 1e9;
@@ -493,7 +492,7 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& opt) {
             }
             LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream));
           } catch (const std::exception& e) {
-            row.ms = row.tflops = row.ratio_bf16 = kNaN;
+            row.ms = row.tflops = row.ratio_bf16 = row.bf16_ms = kNaN;
             row.error = short_error(e);
           }
         }

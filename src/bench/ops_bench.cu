@@ -157,6 +157,7 @@ class Recorder {
   }
   // A case whose setup failed (allocation, shape check): recorded, the run goes on.
   void failed(const std::string& op, const std::string& preset, const std::string& what) {
+    if (!selected(op)) return;
     OpsBenchRow r;
     r.op = op;
     r.preset = preset;

@@ -99,7 +99,7 @@ std::vector<std::string> parse_gemm_modes(const std::string& spec) {
                       "--modes: unknown mode '{}' (choose from bf16, fp8, fp8-block, mxfp8, nvfp4)",
                       m);
   }
-  // bf16 first (the other modes' ratios need it), then the order of gemm_bench_modes().
+  // The order of gemm_bench_modes() (each mode times its bf16 peer itself, interleaved).
   std::vector<std::string> out;
   for (const std::string& m : all) {
     if (std::find(given.begin(), given.end(), m) != given.end()) out.push_back(m);
@@ -427,11 +427,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       bench::OpsBenchOptions opt;
       opt.presets = bench::ops_bench_presets(o->presets);
       opt.iters = o->iters;
-      for (size_t at = 0; !o->ops.empty() && at <= o->ops.size();) {
-        const size_t comma = std::min(o->ops.find(',', at), o->ops.size());
-        if (comma > at) opt.ops.push_back(o->ops.substr(at, comma - at));
-        at = comma + 1;
-      }
+      opt.ops = split_list(o->ops);
       const std::vector<GpuInfo> gpus = list_gpus();
       LOWBIT_USER_CHECK(!gpus.empty(), "bench ops needs a CUDA GPU; none was found");
       std::ofstream f;
@@ -443,6 +439,13 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       std::printf("%-6s %-26s %-30s %12s %27s\n", "preset", "op", "shape", "time",
                   "GB/s, % of copy | TFLOP/s");
       const auto rows = bench::run_ops_bench(opt);
+      LOWBIT_USER_CHECK(opt.ops.empty() || std::any_of(rows.begin(), rows.end(),
+                                                       [](const bench::OpsBenchRow& r) {
+                                                         return r.preset != "device";
+                                                       }),
+                        "--ops '{}': no op name contains any of these; see the op column of a "
+                        "run without --ops (e.g. \"rmsnorm fwd\", \"swiglu bwd\", \"attention\")",
+                        o->ops);
       auto pos = [](double v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(); };
       if (f.is_open()) {
         for (const auto& r : rows) {

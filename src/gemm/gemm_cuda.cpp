@@ -723,8 +723,11 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
           // beta lives on the device too (cuBLASLt takes both scalars from one pointer mode;
           // an alpha vector with a host beta is not offered for bf16 operands). A zero beta
           // still skips C on the device, as with a host beta: the GPU tests hand every backend
-          // an out full of NaN for beta = 0 (test_gemm_gpu.cpp, check_role), and the output
-          // memset this used to issue cost a full write of out (≈ 25 µs at 124m qkv).
+          // an out full of NaN for beta = 0 (test_gemm_gpu.cpp, check_role), and a probe ran all
+          // eight heuristic candidates of a bf16 m2304 n16384 k768 GEMM on an H100 with NaN in C
+          // and a device beta of 0 (none read C). The output memset this used to issue cost a
+          // full write of out (≈ 25 µs at 124m qkv). Not documented by cuBLASLt: if a future
+          // version reads C here, check_role's NaN garbage turns the NVFP4 rows NaN.
           p.device_pointers = true;
           p.alpha = scalars;
           p.beta = scalars + 1;

@@ -156,7 +156,8 @@ __global__ void __launch_bounds__(kThreads)
 //
 // Tiles of 32 rows (a 32-byte sector per transposed row and tile): 52-64 registers, 4 blocks
 // (32 warps) per SM for the issue-bound math, and a short last wave. With 64-row tiles the kernel
-// held 96-102 registers at 2 blocks per SM (3 spilled with kH): at N 16384 it ran 0.160 ms
+// held 96-102 registers at 2 blocks per SM (at 3 per SM the kH kernel spilled): at N 16384 it
+// ran 0.160 ms
 // against 0.1445 (F 2048) and 0.614 against 0.563 ms (F 8192) on the H100 (same-call A/B,
 // bench/results/h100-2026-11-26/).
 constexpr int kBwdRows = 32;
@@ -165,6 +166,7 @@ constexpr int kBwdMinBlocks = 4;
 // The loads of one tile: 8 bf16 of gate, up and dout per chunk, kChunks chunks per thread.
 template <int kRows>
 struct BwdRaw {
+  static_assert(kRows * kTK / 8 % kThreads == 0, "whole 8-column chunks per thread");
   static constexpr int kChunks = kRows * kTK / 8 / kThreads;
   uint4 g[kChunks], u[kChunks], d[kChunks];
 };
@@ -191,7 +193,8 @@ __device__ __forceinline__ void bwd_load(BwdRaw<kRows>& raw, const uint16_t* __r
   }
 }
 
-// The tile's math, as swiglu_bwd_fp8_kernel's: dgate_up [N, 2F] (or null) and the rowwise codes
+// The tile's math, each value as swiglu_bwd_kernel (and, for h, swiglu_fwd_fp8_kernel) computes
+// it: dgate_up [N, 2F] (or null) and the rowwise codes
 // written, the codes staged in tiles [dgate, dup, h][kRows][kTK + 4], the amaxes folded into
 // amax and h_amax.
 template <bool kCol, bool kH, int kRows>
@@ -241,9 +244,11 @@ __device__ __forceinline__ void bwd_math(const BwdRaw<kRows>& raw,
   }
 }
 
-// The staged tiles written transposed: dgate and dup to rows k0.. and F + k0.. of ep.qt [2F, N],
-// h to rows k0.. of hep.qt [F, N]. Tile i's tasks start at thread i · tasks (mod kThreads), so
-// each thread has at most ceil(kTiles · tasks / kThreads) of them. Call after a barrier.
+// The staged tiles [dgate, dup, h][kRows][kTK + 4] written transposed: dgate and dup to rows
+// k0.. and F + k0.. of ep.qt [2F, N] (kCol), h to rows k0.. of hep.qt [F, N] (kH). The stored
+// tiles' tasks are spread over the block (each starts `tasks` threads after the previous one,
+// mod kThreads), so no thread takes more than ceil(stored · tasks / kThreads). Call after a
+// barrier.
 template <bool kCol, bool kH, int kRows>
 __device__ __forceinline__ void bwd_store_tiles(const uint8_t (*tiles)[kRows * (kTK + 4)],
                                                 int64_t n_rows, int64_t f, int64_t m0, int64_t k0,

@@ -471,14 +471,16 @@ __global__ void __launch_bounds__(kThreads, 3)
 // v10's tile, thread tasks and staging layout (see above), with the work per element cut down
 // and the loads kept in flight:
 //  * Persistent grid: a block walks the tiles b, b + gridDim.x, ... (M fastest, as every grid
-//    here, for the locality of the transposed writes) and issues the four 16-byte loads of its
+//    here, for the locality of the transposed writes; in groups of M-tiles from 64 M elements
+//    without SR, see the kernel) and issues the four 16-byte loads of its
 //    next tile before it quantizes the current one, so a tile's 16 KB are in flight while the
 //    previous one is computed (v10: load, wait, compute, exit; nothing in flight while a block
 //    computes, which is most of its life).
 //  * Block multipliers from a table: m = nvfp4_block_multiplier(sd, s_dec) depends only on the
 //    7-bit scale code and the copy's s_dec, so a block computes the 2 × 128 values once into
 //    shared memory; a 1×16 block then costs one LDS instead of a decode and an RN reciprocal.
-//  * Codes by e2m1_fast.h: round to nearest in 6 fp32 instructions per code, stochastic rounding
+//  * Codes by e2m1_fast.h: round to nearest in 4 fp32 instructions per code (3 where no block of
+//    the warp needs the clamp; the trim below), stochastic rounding
 //    from integer operations on the product's bits (v10: e2m1_rn_fast, ~13, and the generic
 //    codec for SR), nibbles summed in place and the 8 sign bits of a word gathered by byte
 //    permutes. The encoders are exact for every input but NaN, so:
@@ -487,7 +489,8 @@ __global__ void __launch_bounds__(kThreads, 3)
 //    cvt.rn.bf16x2, both chunks at once). A block whose amax comes out NaN holds a NaN; it takes
 //    v10's path (amax_combine, which skips NaN, and the codec, which writes NaN as +6).
 //  * RHT stage 1 fused with the ±1/4 step (rht16_butterfly_f32_fused, the same values).
-// Per source element (both copies, RHT on) that is about 30 instructions against v10's 45-50;
+// Per source element (both copies, RHT on) that was ~37 instructions (28 after the trim below)
+// against v10's 45-50;
 // every value is the same operation on the same operands as in v10, the Philox indices included.
 //
 // Instruction trim of the round-to-nearest path (same codes, scales and indices; SASS of one loop
@@ -988,6 +991,9 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
     LOWBIT_CUDA_CHECK_LAUNCH();
   }
   if (v11) {
+    // The kernel indexes tiles with int (16 KB of source each: far below 2^31 for any tensor).
+    LOWBIT_CHECK((M / kV11M) * (K / kV11K) < (int64_t(1) << 30),
+                 "nvfp4: {}x{} has too many 128x64 tiles for the tile walk", M, K);
     // Tile groups of 16 M-tiles from 64 M elements up (see the kernel), without stochastic
     // rounding: the SR pass ran ~6 % slower grouped (0.748 → 0.792 ms at 16384 × 8192).
     a.group_m = !sr && M * K >= (int64_t(1) << 26) ? 16 : 0;

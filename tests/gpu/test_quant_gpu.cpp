@@ -222,7 +222,8 @@ TEST_F(GpuQuant, Nvfp4FullTileKernelMatchesCpuTwin) {
 
 // From 64 M elements the NVFP4 quantize pass without stochastic rounding walks its tiles in
 // groups of 16 M-tiles (nvfp4_kernels.cu): 8320 × 8192 has 65 M-tiles, so four full groups and a
-// one-tile last group, every tile checked against the CPU twin (and the SR pass at that shape).
+// one-tile last group; 1024 × 65536 has 8, a single group narrower than 16. Every tile is checked
+// against the CPU twin (and the SR pass, which keeps the M-fastest walk, at those shapes).
 TEST_F(GpuQuant, Nvfp4TileGroupsWithAPartialLastGroupMatchCpuTwin) {
   auto variant = [](bool sr) {
     return [=] {
@@ -235,7 +236,10 @@ TEST_F(GpuQuant, Nvfp4TileGroupsWithAPartialLastGroupMatchCpuTwin) {
   };
   const std::vector<Case> nv = {{"nvfp4_both_rht", variant(false), 16},
                                 {"nvfp4_both_rht_sr", variant(true), 16}};
-  for (const Case& c : nv) check_case(c, 8320, 8192, Fill::kNormal);
+  for (const Case& c : nv) {
+    check_case(c, 8320, 8192, Fill::kNormal);
+    check_case(c, 1024, 65536, Fill::kNormal);
+  }
 }
 
 // An f32 source quantized with round_source_to_bf16 (a weight from its f32 master): the GPU

@@ -4,7 +4,10 @@
 // the decision range (and a sparse sweep of the rest); the CUDA kernels call them unchanged.
 //
 // Split of the work: the magnitude code (3 bits) is computed per element, the sign bits are
-// moved into place eight at a time (e2m1_sign_bits8) and OR-ed in once per packed word. A NaN
+// moved into place eight at a time and OR-ed in once per packed word. The NVFP4 v11 kernel uses
+// the two-line round to nearest (e2m1_rn_mag2_biased, below) with e2m1_pack8_rn2* and
+// e2m1_or_signs8*; the three-line encoders (e2m1_rn_mag_biased, e2m1_pack8_rn) stay as the
+// CPU tests' reference for them. A NaN
 // input would get its sign bit where the codec writes +6 (0x7), so the kernels take these
 // encoders only for blocks without NaN (their block amax propagates NaN) and the codec otherwise.
 #pragma once
