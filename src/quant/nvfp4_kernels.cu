@@ -216,8 +216,9 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
 // (equal to the max over rounded values: see rht16_butterfly_f32). One atomic per block and
 // amax; the max is order-independent, so the result is deterministic.
 // Preconditions (checked by the launcher): bf16, M % 16 == 0, K % 8 == 0, x 16-byte aligned.
-// 2 blocks per SM (128 registers, no spills): the 8192² two-pass quantization 0.182 → 0.170 ms
-// with the quantize pass above on the H100 (1 block per SM compiled to 120-146 registers).
+// 2 blocks per SM (128 registers, no spills; 1 block per SM compiled to 120-146 registers): the
+// 8192² two-pass quantization 0.182 → 0.170 ms on the H100 together with the quantize pass at 3
+// blocks per SM, which accounts for ~0.006 ms of it (same-call A/B).
 __global__ void __launch_bounds__(kThreads, 2)
     nvfp4_amax_v9_kernel(const uint16_t* __restrict__ x,  // [M, K] bf16
                          int64_t M, int64_t K, bool want_row, bool want_col, bool rht,
@@ -995,7 +996,8 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
     LOWBIT_CHECK((M / kV11M) * (K / kV11K) < (int64_t(1) << 30),
                  "nvfp4: {}x{} has too many 128x64 tiles for the tile walk", M, K);
     // Tile groups of 16 M-tiles from 64 M elements up (see the kernel), without stochastic
-    // rounding: the SR pass ran ~6 % slower grouped (0.748 → 0.792 ms at 16384 × 8192).
+    // rounding: the SR pass ran ~6 % slower grouped (0.748 → 0.792 ms at 16384 × 8192, two
+    // consecutive calls on an H100, not an A/B in one call).
     a.group_m = !sr && M * K >= (int64_t(1) << 26) ? 16 : 0;
     const int64_t n_tiles = (M / kV11M) * (K / kV11K);
     const auto* xb = reinterpret_cast<const uint16_t*>(x);
