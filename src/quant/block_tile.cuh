@@ -46,7 +46,8 @@ __device__ __forceinline__ uint32_t convert(float v, uint32_t rbits) {
 }
 
 // Quantizes the N values `v` of one block with multiplier `mult` into `codes`; the element with
-// in-block position i has logical index idx0 + i·stride_idx in its copy (its Philox index).
+// in-block position i has logical index idx0 + i·stride_idx in its copy (its Philox index; E2M1
+// takes a byte per element, FP8 / FP6 a word: sr_bits).
 template <int N, DType kType, bool kSR>
 __device__ __forceinline__ void quantize_block(const float (&v)[N], float mult, RngKey key,
                                                int64_t idx0, int64_t stride_idx,
@@ -63,6 +64,25 @@ __device__ __forceinline__ void quantize_block(const float (&v)[N], float mult, 
     } else {
 #pragma unroll
       for (int i = 0; i < N; ++i) codes[i] = convert<kType, false>(mul_rn(v[i], mult), 0u);
+    }
+  } else if constexpr (sr_takes_a_byte(kType)) {
+    if (N % 16 == 0 && stride_idx == 1 && (idx0 & 15) == 0) {
+      // Sixteen consecutive indices share one Philox block, a byte each (sr_bits).
+#pragma unroll
+      for (int g = 0; g < N / 16; ++g) {
+        const Philox4 r = philox_block(key.seed, key.offset, uint64_t(idx0 + 16 * g) >> 4);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const uint32_t rb = sr_bits_of_byte((r.v[j >> 2] >> (8 * (j & 3))) & 0xFFu);
+          codes[16 * g + j] = convert<kType, true>(mul_rn(v[16 * g + j], mult), rb);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const uint32_t rb = sr_bits(kType, key.seed, key.offset, uint64_t(idx0 + i * stride_idx));
+        codes[i] = convert<kType, true>(mul_rn(v[i], mult), rb);
+      }
     }
   } else if (stride_idx == 1 && (idx0 & 3) == 0) {
     // Four consecutive indices share one Philox block.

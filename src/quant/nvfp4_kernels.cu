@@ -361,7 +361,7 @@ __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w 
 // Preconditions (checked by the launcher): !two_d, M % 128 == 0, K % 64 == 0, x 16-byte aligned;
 // rowwise and columnwise outputs as in nvfp4_kernel.
 template <bool kSR>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
     nvfp4_quant_v10_kernel(const uint16_t* __restrict__ x, Nvfp4Args a) {
   __shared__ Nvfp4V10Smem s;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -552,12 +552,15 @@ __device__ __forceinline__ uint32_t block_scale_pair(float amax_lo, float amax_h
 }
 
 // 16 values (no NaN) → 16 packed E2M1 codes of RN(v·mult) (kZeroFix: RN(v·mult + 0), see v10),
-// or with stochastic rounding by the Philox stream at indices idx0 + i (idx0 % 4 == 0: one
-// Philox block per four codes, as quantize_block). kBelow7 (round to nearest only): every
-// |RN(v·mult)| is below 7, so the encoder needs no clamp (e2m1_rn_mag2_biased_below7).
+// or with stochastic rounding by the Philox stream at indices idx0 + i (idx0 % 16 == 0: one
+// Philox block for the sixteen codes, a byte each, as quantize_block and sr_bits). kBelow7 (round
+// to nearest only): every |RN(v·mult)| is below 7, so the encoder needs no clamp
+// (e2m1_rn_mag2_biased_below7).
 template <bool kSR, bool kZeroFix, bool kBelow7 = false>
 __device__ __forceinline__ uint64_t nvfp4_codes16_fast(const float (&v)[16], float mult, RngKey key,
                                                        int64_t idx0) {
+  Philox4 rnd{};
+  if constexpr (kSR) rnd = philox_block(key.seed, key.offset, uint64_t(idx0) >> 4);
   uint32_t word[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -567,13 +570,11 @@ __device__ __forceinline__ uint64_t nvfp4_codes16_fast(const float (&v)[16], flo
       p[i] = kZeroFix ? fma_rn_zero(v[8 * h + i], mult) : mul_rn(v[8 * h + i], mult);
     }
     if constexpr (kSR) {
+      // Bytes 8h .. 8h + 7 of the block's Philox draw (words 2h and 2h + 1), as sr_bits.
       uint32_t r[8];
 #pragma unroll
-      for (int g = 0; g < 2; ++g) {
-        const Philox4 b = philox_block(key.seed, key.offset, uint64_t(idx0 + 8 * h + 4 * g) >> 2);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) r[4 * g + j] = b.v[j];
-      }
+      for (int j = 0; j < 8; ++j)
+        r[j] = sr_bits_of_byte((rnd.v[2 * h + (j >> 2)] >> (8 * (j & 3))) & 0xFFu);
       word[h] = e2m1_pack8_sr(p, r);
     } else {
       word[h] = e2m1_pack8_rn2<kBelow7>(p);  // = e2m1_pack8_rn(p), two-line magnitudes

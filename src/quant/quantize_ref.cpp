@@ -16,12 +16,14 @@ constexpr int64_t kFp8Block = 128;
 constexpr int64_t kMxBlock = 32;
 constexpr int64_t kNvfp4Block = 16;
 
-// Stochastic-rounding bits of element `idx` of a copy (0 when rounding to nearest).
+// Stochastic-rounding bits of element `idx` of a copy of element type `t` (0 when rounding to
+// nearest).
 struct SrStream {
   bool on = false;
   RngKey key;
+  DType t = DType::kE4M3;
   uint32_t bits(int64_t idx) const {
-    return on ? philox_uint32(key.seed, key.offset, static_cast<uint64_t>(idx)) : 0u;
+    return on ? sr_bits(t, key.seed, key.offset, static_cast<uint64_t>(idx)) : 0u;
   }
 };
 
@@ -371,8 +373,8 @@ void quantize_ref(const TensorView& x, const QuantConfig& cfg, const QuantStream
   out.mode = cfg.mode;
   out.dtype = cfg.dtype;
   out.shape = x.shape;
-  const SrStream row_sr{streams.stochastic, streams.rowwise};
-  const SrStream col_sr{streams.stochastic, streams.columnwise};
+  const SrStream row_sr{streams.stochastic, streams.rowwise, cfg.dtype};
+  const SrStream col_sr{streams.stochastic, streams.columnwise, cfg.dtype};
   switch (cfg.mode) {
     case ScalingMode::kPerTensor: quantize_per_tensor(x, cfg, row_sr, out); break;
     case ScalingMode::kBlock1x128: quantize_block_1x128(x, cfg, row_sr, col_sr, out); break;

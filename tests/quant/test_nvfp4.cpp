@@ -196,8 +196,14 @@ TEST(QuantNvfp4, HadamardColumnwiseCopy) {
 }
 
 TEST(QuantNvfp4, StochasticRoundingIndexAndStreams) {
-  // Element (r, c) of a copy draws philox_uint32(seed, offset, r · cols + c) in the copy's own
-  // orientation: rowwise [M, K] with `offset`, the transposed columnwise [K, M] with offset + 1.
+  // Element (r, c) of a copy draws the random byte i % 16 of Philox block i / 16 (i = r · cols + c
+  // in the copy's own orientation: rowwise [M, K] with `offset`, the transposed columnwise [K, M]
+  // with offset + 1), which encode_sr gets as the top byte of rbits over the midpoint 0x800000.
+  const auto rbits = [](uint64_t offset, uint64_t i) {
+    const Philox4 b = philox_block(1234, offset, i / 16);
+    const uint32_t byte = (b.v[(i % 16) / 4] >> (8 * (i % 4))) & 0xFFu;
+    return (byte << 24) | 0x800000u;
+  };
   const Tensor x = make_bf16(32, 48, fill_fn(Fill::kGaussian, 5));
   QuantConfig cfg = QuantConfig::nvfp4_gradient();
   cfg.hadamard_columnwise = false;
@@ -209,13 +215,12 @@ TEST(QuantNvfp4, StochasticRoundingIndexAndStreams) {
       const uint8_t sd = q.rowwise_scale_inv.ptr<uint8_t>()[i * 3 + j / 16];
       const float m = nvfp4_block_multiplier(sd, g.s_dec);
       const uint32_t expect = encode_sr(DType::kE2M1, mul_rn(value_at(x, i, j), m),
-                                        philox_uint32(1234, 77, static_cast<uint64_t>(i * 48 + j)));
+                                        rbits(77, static_cast<uint64_t>(i * 48 + j)));
       ASSERT_EQ(code_at(q.rowwise_data, i * 48 + j), expect) << i << "," << j;
       const uint8_t sdt = q.columnwise_scale_inv.ptr<uint8_t>()[j * 2 + i / 16];
       const float mt = nvfp4_block_multiplier(sdt, g.s_dec);
       const uint32_t expect_t =
-          encode_sr(DType::kE2M1, mul_rn(value_at(x, i, j), mt),
-                    philox_uint32(1234, 78, static_cast<uint64_t>(j * 32 + i)));
+          encode_sr(DType::kE2M1, mul_rn(value_at(x, i, j), mt), rbits(78, uint64_t(j * 32 + i)));
       ASSERT_EQ(code_at(q.columnwise_data, j * 32 + i), expect_t) << i << "," << j;
     }
   }
@@ -276,6 +281,35 @@ TEST(QuantNvfp4, StochasticRoundingIsUnbiased) {
     // Round to nearest: deterministic, error up to half a gap — much larger than 5 SE here.
     const double rn_bias = std::fabs(d_rn.ptr<float>()[j] - target);
     if (rn_bias > 0.05) EXPECT_GT(rn_bias, 5 * se) << target;
+  }
+}
+
+TEST(QuantNvfp4, RandomByteRoundsUpInProportion) {
+  // E2M1 rounds with one random byte (sr_bits_of_byte: the byte over the midpoint of the low 24
+  // bits). Over the 256 bytes, the number that round |x| up is 256 · frac to within one half, in
+  // every region of the encoder (quantum 0.5 below 2, 1 in [2, 4), 2 above; below 0.5 the lower
+  // neighbour is 0).
+  const float xs[] = {0.01f, 0.2f,  0.3f,  0.49f, 0.51f,  0.62f, 0.99f, 1.01f, 1.2f,
+                      1.49f, 1.74f, 2.05f, 2.5f,  3.3f,   3.97f, 4.1f,  4.6f,  5.2f,
+                      5.99f, 0.25f, 0.75f, 1.25f, 1.625f, 2.25f, 4.25f, 5.5f,  0.126f};
+  for (const float x : xs) {
+    const float q = x < 2.0f ? 0.5f : (x < 4.0f ? 1.0f : 2.0f);
+    const double lo = std::floor(double(x) / q) * q;
+    const double frac = (double(x) - lo) / q;
+    int up = 0;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const float v = decode(DType::kE2M1, encode_sr(DType::kE2M1, x, sr_bits_of_byte(b)));
+      ASSERT_TRUE(v == float(lo) || v == float(lo + q)) << x << " byte " << b << " gave " << v;
+      up += v == float(lo + q);
+    }
+    EXPECT_LE(std::fabs(up - 256.0 * frac), 0.5 + 1e-9) << x << ": " << up << " of 256 up";
+    // The same for -x, mirrored.
+    int up_neg = 0;
+    for (uint32_t b = 0; b < 256; ++b) {
+      up_neg +=
+          decode(DType::kE2M1, encode_sr(DType::kE2M1, -x, sr_bits_of_byte(b))) == -float(lo + q);
+    }
+    EXPECT_EQ(up_neg, up) << x;
   }
 }
 

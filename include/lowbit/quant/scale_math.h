@@ -12,6 +12,7 @@
 
 #include "lowbit/core/dtype.h"
 #include "lowbit/core/hd.h"
+#include "lowbit/core/philox.h"
 #include "lowbit/formats.h"
 #include "lowbit/quant/rn_ops.h"
 
@@ -184,8 +185,31 @@ LOWBIT_HD float nvfp4_dequant_factor(uint8_t sd, float amax) {
 
 // --- elements ---------------------------------------------------------------------------------
 
+// --- stochastic-rounding bits (formats.md §5.1) -------------------------------------------------
+
+// Whether element type t rounds stochastically with 8 random bits per value instead of 32: E2M1,
+// as sm_100's cvt.rs.satfinite.e2m1x4 does (8 bits per value) and TE's emulation of it.
+LOWBIT_HD constexpr bool sr_takes_a_byte(DType t) { return t == DType::kE2M1; }
+
+// The 32-bit `rbits` of encode_sr for random byte b: b in the top 8 bits and the midpoint of the
+// remaining 24 (0x800000). encode_sr rounds up when rbits < trunc(frac · 2^32), which then holds
+// for round(256 · frac) of the 256 bytes (ties aside): P(up) is frac to within 1/512 of a quantum,
+// and without the midpoint it would be ceil(256 · frac) / 256, up to 1/256 high every time.
+LOWBIT_HD uint32_t sr_bits_of_byte(uint32_t b) { return (b << 24) | 0x800000u; }
+
+// The SR bits of logical element `idx` of stream (seed, offset) for element type t. E2M1: byte
+// idx % 4 of word (idx / 4) % 4 of Philox block idx / 16 (one block serves 16 consecutive
+// elements, 4× fewer blocks than a word per element); other types: philox_uint32(idx).
+LOWBIT_HD uint32_t sr_bits(DType t, uint64_t seed, uint64_t offset, uint64_t idx) {
+  if (sr_takes_a_byte(t)) {
+    const Philox4 b = philox_block(seed, offset, idx >> 4);
+    return sr_bits_of_byte((b.v[(idx >> 2) & 3u] >> (8u * (idx & 3u))) & 0xFFu);
+  }
+  return philox_uint32(seed, offset, idx);
+}
+
 // One element: code = cvt_sat(t, RN(x · mult)), round to nearest even, or stochastic rounding
-// with 32 random bits (formats.h encode_sr) when `stochastic`.
+// (formats.h encode_sr) with `rbits` = sr_bits(t, …) of the element when `stochastic`.
 LOWBIT_HD uint32_t quantize_element(DType t, float x, float mult, bool stochastic, uint32_t rbits) {
   const float v = mul_rn(x, mult);
   return stochastic ? encode_sr(t, v, rbits) : encode_rn(t, v);
