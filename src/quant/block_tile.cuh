@@ -37,7 +37,10 @@ __device__ __forceinline__ uint64_t pack_e2m1x16(const uint8_t (&c)[16]) {
 // code small.
 template <DType kType, bool kSR>
 __device__ __forceinline__ uint32_t convert(float v, uint32_t rbits) {
-  if constexpr (kSR) return encode_sr(kType, v, rbits);
+  if constexpr (kSR) {
+    if constexpr (kType == DType::kE2M1) return e2m1_encode_sr(v, rbits);
+    return encode_sr(kType, v, rbits);
+  }
   if constexpr (kType == DType::kE4M3 || kType == DType::kE5M2) {
     return cvt_fp8(v, kType == DType::kE5M2);
   }

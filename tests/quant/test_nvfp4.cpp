@@ -214,13 +214,13 @@ TEST(QuantNvfp4, StochasticRoundingIndexAndStreams) {
     for (int64_t j = 0; j < 48; ++j) {
       const uint8_t sd = q.rowwise_scale_inv.ptr<uint8_t>()[i * 3 + j / 16];
       const float m = nvfp4_block_multiplier(sd, g.s_dec);
-      const uint32_t expect = encode_sr(DType::kE2M1, mul_rn(value_at(x, i, j), m),
-                                        rbits(77, static_cast<uint64_t>(i * 48 + j)));
+      const uint32_t expect = e2m1_encode_sr(mul_rn(value_at(x, i, j), m),
+                                             rbits(77, static_cast<uint64_t>(i * 48 + j)));
       ASSERT_EQ(code_at(q.rowwise_data, i * 48 + j), expect) << i << "," << j;
       const uint8_t sdt = q.columnwise_scale_inv.ptr<uint8_t>()[j * 2 + i / 16];
       const float mt = nvfp4_block_multiplier(sdt, g.s_dec);
       const uint32_t expect_t =
-          encode_sr(DType::kE2M1, mul_rn(value_at(x, i, j), mt), rbits(78, uint64_t(j * 32 + i)));
+          e2m1_encode_sr(mul_rn(value_at(x, i, j), mt), rbits(78, uint64_t(j * 32 + i)));
       ASSERT_EQ(code_at(q.columnwise_data, j * 32 + i), expect_t) << i << "," << j;
     }
   }
@@ -298,7 +298,7 @@ TEST(QuantNvfp4, RandomByteRoundsUpInProportion) {
     const double frac = (double(x) - lo) / q;
     int up = 0;
     for (uint32_t b = 0; b < 256; ++b) {
-      const float v = decode(DType::kE2M1, encode_sr(DType::kE2M1, x, sr_bits_of_byte(b)));
+      const float v = decode(DType::kE2M1, e2m1_encode_sr(x, sr_bits_of_byte(b)));
       ASSERT_TRUE(v == float(lo) || v == float(lo + q)) << x << " byte " << b << " gave " << v;
       up += v == float(lo + q);
     }
@@ -306,8 +306,7 @@ TEST(QuantNvfp4, RandomByteRoundsUpInProportion) {
     // The same for -x, mirrored.
     int up_neg = 0;
     for (uint32_t b = 0; b < 256; ++b) {
-      up_neg +=
-          decode(DType::kE2M1, encode_sr(DType::kE2M1, -x, sr_bits_of_byte(b))) == -float(lo + q);
+      up_neg += decode(DType::kE2M1, e2m1_encode_sr(-x, sr_bits_of_byte(b))) == -float(lo + q);
     }
     EXPECT_EQ(up_neg, up) << x;
   }
@@ -477,14 +476,27 @@ TEST(QuantNvfp4, TwoLineE2m1EncoderEqualsCodec) {
   EXPECT_EQ(bad, 0);
 }
 
-// e2m1_fast.h, stochastic rounding: for every x the codec rounds up exactly for the random words
-// below a threshold; the fast encoder must agree at the threshold, on both sides of it and at
-// the ends of the range, for x over every binade of fp32 (subnormals, zero and inf included).
-TEST(QuantNvfp4, IntegerE2m1SrEncoderEqualsCodec) {
+// The E2M1 stochastic rounding of e2m1_fast.h against references: from |x| = 1 up the codec
+// (encode_sr) bit for bit; below 1 rounding t = RN(|x| + 1) between its E2M1 neighbours
+// t0 = floor(2t)/2 and t0 + 0.5, up exactly when the fraction (t - t0) / 0.5, as 22 bits,
+// exceeds r >> 10 (computed in double here). Checked at the codec's threshold in r, on both
+// sides of it and at the ends of the range, for x over every binade of fp32 (subnormals, zero
+// and inf included).
+uint32_t e2m1_sr_reference(float x, uint32_t r) {
+  const double a = std::fabs(double(x));
+  if (a >= 1.0) return encode_sr(DType::kE2M1, x, r) & 7u;
+  const double t = double(add_rn(float(a), 1.0f));  // in [1, 2]
+  const double t0 = std::floor(2.0 * t) / 2.0;
+  const auto frac22 = static_cast<uint64_t>((t - t0) / 0.5 * 4194304.0);  // exact: t has 23 bits
+  const bool up = frac22 > uint64_t(r >> 10);
+  return static_cast<uint32_t>(std::lround(2.0 * (t0 - 1.0))) + (up ? 1u : 0u);
+}
+
+TEST(QuantNvfp4, IntegerE2m1SrEncoderEqualsReference) {
   int64_t bad = 0, n = 0;
   auto check = [&](float x, uint32_t r) {
     ++n;
-    const uint32_t want = encode_sr(DType::kE2M1, x, r) & 7u;
+    const uint32_t want = e2m1_sr_reference(x, r);
     const uint32_t got = e2m1_sr_mag(x, r);
     if (got != want && ++bad <= 8) {
       ADD_FAILURE() << std::hex << "x=0x" << f32_bits(x) << " r=0x" << r << " fast " << got
@@ -547,7 +559,7 @@ TEST(QuantNvfp4, PackedE2m1WordsEqualCodec) {
     uint32_t want_rn = 0, want_sr = 0;
     for (int i = 0; i < 8; ++i) {
       want_rn |= encode_rn(DType::kE2M1, x[i]) << (4 * i);
-      want_sr |= encode_sr(DType::kE2M1, x[i], r[i]) << (4 * i);
+      want_sr |= e2m1_encode_sr(x[i], r[i]) << (4 * i);
     }
     const uint32_t got_rn = e2m1_pack8_rn(x), got_sr = e2m1_pack8_sr(x, r);
     if ((got_rn != want_rn || got_sr != want_sr) && ++bad <= 8) {

@@ -90,38 +90,34 @@ LOWBIT_HD uint32_t e2m1_rn_mag2_biased_below7(float x) {
 
 // --- stochastic rounding -----------------------------------------------------------------------
 //
-// encode_sr for E2M1, |x| = a with fp32 bits u, e = floor(log2 a), r = the 32 random bits:
-// t = a / q with the quantum q = 2^(max(e, 0) - 1), fl = floor(t), frac = t - fl,
-// n = fl + [r < trunc(frac · 2^32)], code = min(2·max(e, 0) + n, 7); fp32 subnormals and zero
-// give 0 (the codec returns before rounding). In integers, by region:
-//  * a ≥ 1: t ∈ [2, 4) is 1.m with the binary point after significand bit 22, so
-//    trunc(frac · 2^32) = (m & 0x3FFFFF) << 10 and "r < that" is "(m & 0x3FFFFF) > r >> 10"
-//    (the low 10 bits of the threshold are 0). Adding 0x3FFFFF - (r >> 10) < 2^22 to u carries
-//    into bit 22 exactly then, and the carry runs on into the exponent like a rounding up:
-//    (u + 0x3FFFFF - (r >> 10)) >> 22 = 2·(e + 127) + n - 2, i.e. the code plus 252. inf and
-//    every a ≥ 8 land above 7 and saturate.
-//  * 0.5 ≤ a < 1: t = 2a ∈ [1, 2), fl = 1, threshold m << 9: code = 1 + [m > r >> 9].
-//  * a < 0.5: fl = 0, threshold trunc(a · 2^33) = (significand << 8) >> (-2 - e) (a right shift
-//    by 32 or more gives 0, which also covers zero and fp32 subnormals: their exponent field 0
-//    asks for a shift by 125); code = [r < threshold].
-LOWBIT_HD uint32_t shr_clamped(uint32_t x, uint32_t n) {  // x >> n, 0 for n ≥ 32
-#if defined(__CUDA_ARCH__)
-  uint32_t r;
-  asm("shr.b32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(n));  // PTX clamps the shift to 32
-  return r;
-#else
-  return n >= 32 ? 0u : x >> n;
-#endif
-}
-
-// Magnitude code (0..7) of encode_sr(DType::kE2M1, x, r); x not NaN.
+// E2M1 stochastic rounding as lowbit defines it (formats.md §5.1 asks for rounding up with
+// probability frac, not for one algorithm). With n = 0x3FFFFF - (r >> 10), 22 of the random bits
+// (r = sr_bits_of_byte(b) in the quantizers: n = 0x3FFFFF - (b << 14 | 0x2000)), |x| = a:
+//  * a ≥ 1: code = ((bits(a) + n) >> 22) - 252, at most 7. bits(a) >> 22 is 2·(e + 127) + the
+//    mantissa's top bit, i.e. the code of a rounded down plus 252 (E2M1 keeps one mantissa bit
+//    from 1 up), and adding n carries into bit 22 exactly when the 22 bits below it exceed
+//    0x3FFFFF - n: rounding up with probability frac (to 2^-22). The carry runs on into the
+//    exponent like any rounding up; inf and every a ≥ 8 land above 7 and saturate.
+//  * a < 1: the same on t = RN(a + 1) ∈ [1, 2], whose quantum 0.5 is E2M1's below 2:
+//    code = ((bits(t) + n) >> 22) - 254 (t → 1, 1.5, 2 give 0, 1, 2). Zero and fp32 subnormals
+//    give t = 1: code 0.
+// For a ≥ 1 this is encode_sr(kE2M1, x, r) bit for bit; below 1 the two differ only through the
+// rounding of a + 1 (a's bits under 2^-23 or 2^-24, finer than the 22 random bits resolve), and
+// it costs half the instructions of the codec's three regions.
 LOWBIT_HD uint32_t e2m1_sr_mag(float x, uint32_t r) {
   const uint32_t u = f32_bits(x) & 0x7FFFFFFFu;
-  uint32_t hi = ((u + 0x3FFFFFu - (r >> 10)) >> 22) - 252u;  // a ≥ 1 (≥ 2 there)
-  hi = hi < 7u ? hi : 7u;
-  const uint32_t mid = 1u + ((u & 0x7FFFFFu) > (r >> 9) ? 1u : 0u);  // [0.5, 1)
-  const uint32_t lo = r < shr_clamped((u << 8) | 0x80000000u, 125u - (u >> 23)) ? 1u : 0u;  // < 0.5
-  return u >= 0x3F800000u ? hi : (u >= 0x3F000000u ? mid : lo);
+  const bool small = u < 0x3F800000u;
+  const uint32_t tb = small ? f32_bits(add_rn(f32_from_bits(u), 1.0f)) : u;
+  const uint32_t code = ((tb + 0x3FFFFFu - (r >> 10)) >> 22) - (small ? 254u : 252u);
+  return code < 7u ? code : 7u;
+}
+
+// The E2M1 code of x by stochastic rounding (e2m1_sr_mag) with x's sign bit for every non-NaN x
+// (-0 and negatives rounded to 0 give 0x8, as encode_sr); NaN gives 0x7 (+max, as encode_sr).
+LOWBIT_HD uint32_t e2m1_encode_sr(float x, uint32_t r) {
+  const uint32_t xb = f32_bits(x);
+  if ((xb & 0x7FFFFFFFu) > 0x7F800000u) return 0x7u;
+  return e2m1_sr_mag(x, r) | ((xb >> 28) & 0x8u);
 }
 
 // --- packing -------------------------------------------------------------------------------------
@@ -265,7 +261,7 @@ LOWBIT_HD uint32_t e2m1_pack8_rn2_bf16(const float (&x)[8], const uint32_t (&w)[
   return e2m1_or_signs8_bf16(mags, w);
 }
 
-// The same with stochastic rounding by the random words r[0..7]: Σ encode_sr(kE2M1, x[i], r[i]).
+// The same with stochastic rounding by the random words r[0..7]: Σ e2m1_encode_sr(x[i], r[i]).
 LOWBIT_HD uint32_t e2m1_pack8_sr(const float (&x)[8], const uint32_t (&r)[8]) {
   uint32_t bits[8];
   uint32_t mags = 0;

@@ -14,6 +14,7 @@
 #include "lowbit/core/hd.h"
 #include "lowbit/core/philox.h"
 #include "lowbit/formats.h"
+#include "lowbit/quant/e2m1_fast.h"
 #include "lowbit/quant/rn_ops.h"
 
 namespace lowbit {
@@ -209,10 +210,12 @@ LOWBIT_HD uint32_t sr_bits(DType t, uint64_t seed, uint64_t offset, uint64_t idx
 }
 
 // One element: code = cvt_sat(t, RN(x · mult)), round to nearest even, or stochastic rounding
-// (formats.h encode_sr) with `rbits` = sr_bits(t, …) of the element when `stochastic`.
+// with `rbits` = sr_bits(t, …) of the element when `stochastic`: E2M1 by e2m1_encode_sr
+// (e2m1_fast.h), the other types by formats.h encode_sr.
 LOWBIT_HD uint32_t quantize_element(DType t, float x, float mult, bool stochastic, uint32_t rbits) {
   const float v = mul_rn(x, mult);
-  return stochastic ? encode_sr(t, v, rbits) : encode_rn(t, v);
+  if (!stochastic) return encode_rn(t, v);
+  return t == DType::kE2M1 ? e2m1_encode_sr(v, rbits) : encode_sr(t, v, rbits);
 }
 
 // E2M1 code of x, round to nearest even with saturation: equal to encode_rn(DType::kE2M1, x)
