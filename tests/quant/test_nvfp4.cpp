@@ -198,7 +198,8 @@ TEST(QuantNvfp4, HadamardColumnwiseCopy) {
 TEST(QuantNvfp4, StochasticRoundingIndexAndStreams) {
   // Element (r, c) of a copy draws the random byte i % 16 of Philox block i / 16 (i = r · cols + c
   // in the copy's own orientation: rowwise [M, K] with `offset`, the transposed columnwise [K, M]
-  // with offset + 1), which encode_sr gets as the top byte of rbits over the midpoint 0x800000.
+  // with offset + 1), which e2m1_encode_sr gets as the top byte of rbits over the midpoint
+  // 0x800000.
   const auto rbits = [](uint64_t offset, uint64_t i) {
     const Philox4 b = philox_block(1234, offset, i / 16);
     const uint32_t byte = (b.v[(i % 16) / 4] >> (8 * (i % 4))) & 0xFFu;

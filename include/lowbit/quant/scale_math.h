@@ -192,10 +192,11 @@ LOWBIT_HD float nvfp4_dequant_factor(uint8_t sd, float amax) {
 // as sm_100's cvt.rs.satfinite.e2m1x4 does (8 bits per value) and TE's emulation of it.
 LOWBIT_HD constexpr bool sr_takes_a_byte(DType t) { return t == DType::kE2M1; }
 
-// The 32-bit `rbits` of encode_sr for random byte b: b in the top 8 bits and the midpoint of the
-// remaining 24 (0x800000). encode_sr rounds up when rbits < trunc(frac · 2^32), which then holds
-// for round(256 · frac) of the 256 bytes (ties aside): P(up) is frac to within 1/512 of a quantum,
-// and without the midpoint it would be ceil(256 · frac) / 256, up to 1/256 high every time.
+// The 32-bit `rbits` for random byte b: b in the top 8 bits and the midpoint of the remaining 24
+// (0x800000). The SR encoders (e2m1_encode_sr, encode_sr) round up when the fraction's bits
+// exceed rbits' top bits, which then holds for round(256 · frac) of the 256 bytes (ties aside):
+// P(up) is frac to within 1/512 of a quantum; without the midpoint it would be
+// ceil(256 · frac) / 256, up to 1/256 high every time.
 LOWBIT_HD uint32_t sr_bits_of_byte(uint32_t b) { return (b << 24) | 0x800000u; }
 
 // The SR bits of logical element `idx` of stream (seed, offset) for element type t. E2M1: byte
