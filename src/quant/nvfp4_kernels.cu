@@ -84,6 +84,30 @@ struct Nvfp4Args {
   int group_m = 0;    // v11: tiles walked in groups of group_m M-tiles (0: M fastest)
 };
 
+// 16 codes of a 16×16-tile block, packed (element i in nibble i): round to nearest by the fast
+// encoder, or stochastic rounding from the element indices idx0 + i·stride (quantize_block).
+template <bool kSR>
+__device__ __forceinline__ uint64_t nvfp4_2d_codes16(const float (&v)[16], float mult, RngKey key,
+                                                     int64_t idx0, int64_t stride) {
+  if constexpr (kSR) {
+    uint8_t codes[16];
+    quantize_block<16, DType::kE2M1, true>(v, mult, key, idx0, stride, codes);
+    return pack_e2m1x16(codes);
+  } else {
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t c = e2m1_rn_fast(mul_rn(v[i], mult));
+      if (i < 8) {
+        lo |= c << (4 * i);
+      } else {
+        hi |= c << (4 * (i - 8));
+      }
+    }
+    return (uint64_t(hi) << 32) | lo;
+  }
+}
+
 // kV9: the columnwise RHT rounds with column_chunk<true>; otherwise the v8 kernel unchanged.
 template <typename T, Pass kPass, bool kSR, bool kV9>
 __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict__ x, Nvfp4Args a) {
@@ -138,15 +162,22 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
       const uint8_t sd = block_scale_fast(ta, g_row.k);
       const float mult = nvfp4_block_multiplier(sd, g_row.s_dec);
       float v[16];
-      uint8_t codes[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) v[i] = s.x[r][rb * 16 + i];
-      quantize_block<16, DType::kE2M1, kSR>(v, mult, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1,
-                                            codes);
+      s.rp[r][rb] = nvfp4_2d_codes16<kSR>(v, mult, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1);
+      if (a.columnwise) {
+        // Column task (kk, mb): the 16 values of tile (mb, kk / 16) in column kk, with the
+        // tile's scale recomputed from the same 16 row-block amaxes (a max: the same bits as the
+        // row task's), so every code equals its rowwise twin — the exact transpose, written
+        // packed like the 1×16 columnwise copy (with SR, the rowwise stream's bits at stride K).
+        float tc = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        s.rc[r][rb * 16 + i] = codes[i];
-        s.cc[rb * 16 + i][r] = codes[i];  // exact transpose
+        for (int i = 0; i < 16; ++i) tc = amax_combine(tc, s.part[mb * 16 + i][kk / 16]);
+        const float mc = nvfp4_block_multiplier(block_scale_fast(tc, g_row.k), g_row.s_dec);
+        float w[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) w[i] = s.x[mb * 16 + i][kk];
+        s.cp[kk][mb] = nvfp4_2d_codes16<kSR>(w, mc, a.row_key, (m0 + mb * 16) * a.K + k0 + kk, a.K);
       }
       if (row_in) {
         if (a.q_scale) a.q_scale[(m0 + r) * (a.K / 16) + (k0 / 16 + rb)] = sd;
@@ -190,10 +221,7 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
       }
     }
     __syncthreads();
-    if (a.two_d) {
-      if (a.rowwise) store_codes(s.rc, DType::kE2M1, a.q, a.M, a.K, m0, k0);
-      if (a.columnwise) store_codes(s.cc, DType::kE2M1, a.qt, a.K, a.M, k0, m0);
-    } else {
+    {
       // Packed rows: thread → (row, 16-element block), 8 bytes each; 4 threads write a row's
       // 32 contiguous bytes. Rows are 8-byte aligned (both dims are multiples of 16).
       const int pr = t / 4, pw = t % 4;
