@@ -76,8 +76,8 @@ __device__ __forceinline__ void quantize_block(const float (&v)[N], float mult, 
         const Philox4 r = philox_block(key.seed, key.offset, uint64_t(idx0 + 16 * g) >> 4);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-          const uint32_t rb = sr_bits_of_byte((r.v[j >> 2] >> (8 * (j & 3))) & 0xFFu);
-          codes[16 * g + j] = convert<kType, true>(mul_rn(v[16 * g + j], mult), rb);
+          codes[16 * g + j] =
+              convert<kType, true>(mul_rn(v[16 * g + j], mult), sr_bits_in_block(r, j));
         }
       }
     } else {

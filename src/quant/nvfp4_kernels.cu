@@ -84,12 +84,22 @@ struct Nvfp4Args {
   int group_m = 0;    // v11: tiles walked in groups of group_m M-tiles (0: M fastest)
 };
 
-// 16 codes of a 16×16-tile block, packed (element i in nibble i): round to nearest by the fast
-// encoder, or stochastic rounding from the element indices idx0 + i·stride (quantize_block).
-template <bool kSR>
-__device__ __forceinline__ uint64_t nvfp4_2d_codes16(const float (&v)[16], float mult, RngKey key,
-                                                     int64_t idx0, int64_t stride) {
+__device__ __forceinline__ float fma_rn_zero(float a, float b) {  // RN(a · b + 0), never fused away
+  float r;
+  asm("fma.rn.f32 %0, %1, %2, 0f00000000;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// 16 values → 16 packed E2M1 codes (element i in nibble i) of RN(v·mult) (kZeroFix: RN(v·mult+0)),
+// or with stochastic rounding from the Philox stream at indices idx0 + i·stride.
+template <bool kSR, bool kZeroFix>
+__device__ __forceinline__ uint64_t nvfp4_codes16(float (&v)[16], float mult, RngKey key,
+                                                  int64_t idx0, int64_t stride = 1) {
   if constexpr (kSR) {
+    if constexpr (kZeroFix) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = __fadd_rn(v[i], 0.0f);
+    }
     uint8_t codes[16];
     quantize_block<16, DType::kE2M1, true>(v, mult, key, idx0, stride, codes);
     return pack_e2m1x16(codes);
@@ -97,7 +107,8 @@ __device__ __forceinline__ uint64_t nvfp4_2d_codes16(const float (&v)[16], float
     uint32_t lo = 0, hi = 0;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      const uint32_t c = e2m1_rn_fast(mul_rn(v[i], mult));
+      const float p = kZeroFix ? fma_rn_zero(v[i], mult) : mul_rn(v[i], mult);
+      const uint32_t c = e2m1_rn_fast(p);
       if (i < 8) {
         lo |= c << (4 * i);
       } else {
@@ -164,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
       float v[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) v[i] = s.x[r][rb * 16 + i];
-      s.rp[r][rb] = nvfp4_2d_codes16<kSR>(v, mult, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1);
+      s.rp[r][rb] = nvfp4_codes16<kSR, false>(v, mult, a.row_key, (m0 + r) * a.K + k0 + rb * 16, 1);
       if (a.columnwise) {
         // Column task (kk, mb): the 16 values of tile (mb, kk / 16) in column kk, with the
         // tile's scale recomputed from the same 16 row-block amaxes (a max: the same bits as the
@@ -177,7 +188,8 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
         float w[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) w[i] = s.x[mb * 16 + i][kk];
-        s.cp[kk][mb] = nvfp4_2d_codes16<kSR>(w, mc, a.row_key, (m0 + mb * 16) * a.K + k0 + kk, a.K);
+        s.cp[kk][mb] =
+            nvfp4_codes16<kSR, false>(w, mc, a.row_key, (m0 + mb * 16) * a.K + k0 + kk, a.K);
       }
       if (row_in) {
         if (a.q_scale) a.q_scale[(m0 + r) * (a.K / 16) + (k0 / 16 + rb)] = sd;
@@ -346,41 +358,6 @@ __device__ __forceinline__ void store_col_tile_row(const Smem& s, const Nvfp4Arg
       make_ulonglong2(lo, hi);
   *reinterpret_cast<uint16_t*>(a.qt_scale + (k0 + k) * (a.M / 16) + m0 / 16 + 2 * q) =
       uint16_t(sc_lo | (sc_hi << 8));
-}
-
-__device__ __forceinline__ float fma_rn_zero(float a, float b) {  // RN(a · b + 0), never fused away
-  float r;
-  asm("fma.rn.f32 %0, %1, %2, 0f00000000;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-
-// 16 values → 16 packed E2M1 codes (element i in nibble i) of RN(v·mult) (kZeroFix: RN(v·mult+0)),
-// or with stochastic rounding from the Philox stream at indices idx0 + i.
-template <bool kSR, bool kZeroFix>
-__device__ __forceinline__ uint64_t nvfp4_codes16(float (&v)[16], float mult, RngKey key,
-                                                  int64_t idx0) {
-  if constexpr (kSR) {
-    if constexpr (kZeroFix) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) v[i] = __fadd_rn(v[i], 0.0f);
-    }
-    uint8_t codes[16];
-    quantize_block<16, DType::kE2M1, true>(v, mult, key, idx0, 1, codes);
-    return pack_e2m1x16(codes);
-  } else {
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float p = kZeroFix ? fma_rn_zero(v[i], mult) : mul_rn(v[i], mult);
-      const uint32_t c = e2m1_rn_fast(p);
-      if (i < 8) {
-        lo |= c << (4 * i);
-      } else {
-        hi |= c << (4 * (i - 8));
-      }
-    }
-    return (uint64_t(hi) << 32) | lo;
-  }
 }
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
@@ -601,8 +578,7 @@ __device__ __forceinline__ uint64_t nvfp4_codes16_fast(const float (&v)[16], flo
       // Bytes 8h .. 8h + 7 of the block's Philox draw (words 2h and 2h + 1), as sr_bits.
       uint32_t r[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        r[j] = sr_bits_of_byte((rnd.v[2 * h + (j >> 2)] >> (8 * (j & 3))) & 0xFFu);
+      for (int j = 0; j < 8; ++j) r[j] = sr_bits_in_block(rnd, 8 * h + j);
       word[h] = e2m1_pack8_sr(p, r);
     } else {
       word[h] = e2m1_pack8_rn2<kBelow7>(p);  // = e2m1_pack8_rn(p), two-line magnitudes

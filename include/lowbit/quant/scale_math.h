@@ -199,13 +199,17 @@ LOWBIT_HD constexpr bool sr_takes_a_byte(DType t) { return t == DType::kE2M1; }
 // ceil(256 · frac) / 256, up to 1/256 high every time.
 LOWBIT_HD uint32_t sr_bits_of_byte(uint32_t b) { return (b << 24) | 0x800000u; }
 
+// The SR bits of byte j (0..15) of a Philox block: byte j % 4 of word j / 4.
+LOWBIT_HD uint32_t sr_bits_in_block(const Philox4& b, uint32_t j) {
+  return sr_bits_of_byte((b.v[(j >> 2) & 3u] >> (8u * (j & 3u))) & 0xFFu);
+}
+
 // The SR bits of logical element `idx` of stream (seed, offset) for element type t. E2M1: byte
 // idx % 4 of word (idx / 4) % 4 of Philox block idx / 16 (one block serves 16 consecutive
 // elements, 4× fewer blocks than a word per element); other types: philox_uint32(idx).
 LOWBIT_HD uint32_t sr_bits(DType t, uint64_t seed, uint64_t offset, uint64_t idx) {
   if (sr_takes_a_byte(t)) {
-    const Philox4 b = philox_block(seed, offset, idx >> 4);
-    return sr_bits_of_byte((b.v[(idx >> 2) & 3u] >> (8u * (idx & 3u))) & 0xFFu);
+    return sr_bits_in_block(philox_block(seed, offset, idx >> 4), uint32_t(idx & 15u));
   }
   return philox_uint32(seed, offset, idx);
 }
