@@ -76,17 +76,32 @@ __device__ __forceinline__ void unpack8(const uint4& u, float v[8]) {
   v[4] = bf16_lo(u.z), v[5] = bf16_hi(u.z), v[6] = bf16_lo(u.w), v[7] = bf16_hi(u.w);
 }
 
+// The largest of the 8 bf16 of a vector, NaN ignored as by fmaxf: three max.bf16x2 (exact: the
+// max of bf16 values is one of them) and one fmaxf, where eight fmaxf would load the integer
+// pipe that pass 1 is short of (the unpacking shares it).
+__device__ __forceinline__ float max8(const uint4& u) {
+  uint32_t a, b, c;
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(a) : "r"(u.x), "r"(u.y));
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(b) : "r"(u.z), "r"(u.w));
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(c) : "r"(a), "r"(b));
+  return fmaxf(bf16_lo(c), bf16_hi(c));
+}
+
 __device__ __forceinline__ void absorb8(MaxSum& st, const uint4& u) {
   float v[8];
   unpack8(u, v);
-  float mx = v[0];
-#pragma unroll
-  for (int i = 1; i < 8; ++i) mx = fmaxf(mx, v[i]);
-  const float m = fmaxf(st.m, mx);
+  const float m = fmaxf(st.m, max8(u));
   float s = st.s;
   if (m != st.m) s = rescale(s, st.m, m);  // the running max rarely moves after a few vectors
+  if (m == -INFINITY) {
+    // Everything so far is −inf or NaN: exp_shift's guard keeps −inf − (−inf) out of the sum.
 #pragma unroll
-  for (int i = 0; i < 8; ++i) s += exp_shift(v[i], m);
+    for (int i = 0; i < 8; ++i) s += exp_shift(v[i], m);
+  } else {
+    // m > −inf: x = −inf gives ex2(−inf) = 0 without the guard (and x = NaN a NaN, as with it).
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s += ex2((v[i] - m) * kLog2e);
+  }
   st = {m, s};
 }
 
@@ -144,23 +159,28 @@ __device__ __forceinline__ MaxSum block_merge(MaxSum st, float* red_m, float* re
   return st;
 }
 
-// dx for the 8 logits of one 16-byte vector: grad_scale · (exp(x − m)·inv_s − [lane = hit]).
+// dx for the 8 logits of one 16-byte vector: grad_scale · (exp(x − m)·inv_s − [lane = hit]),
+// hit = −1 for every vector but the target's. The per-lane test runs only in that one vector,
+// and the rounding is cvt.rn.bf16x2 (f32_to_bf16_rn's rounding; a NaN becomes the canonical
+// bf16 NaN rather than keeping its payload): the integer pipe is what pass 2 is short of.
 __device__ __forceinline__ uint4 grad8(const uint4& u, float m, float inv_s, int hit,
                                        float grad_scale) {
   float v[8];
   unpack8(u, v);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    float p = ex2((v[i] - m) * kLog2e) * inv_s;
-    if (i == hit) p -= 1.0f;
-    v[i] = p * grad_scale;
+  for (int i = 0; i < 8; ++i) v[i] = ex2((v[i] - m) * kLog2e) * inv_s;
+  if (hit >= 0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] -= i == hit ? 1.0f : 0.0f;
   }
-  uint4 o;
-  o.x = ops_cuda::pack_bf16x2(v[0], v[1]);
-  o.y = ops_cuda::pack_bf16x2(v[2], v[3]);
-  o.z = ops_cuda::pack_bf16x2(v[4], v[5]);
-  o.w = ops_cuda::pack_bf16x2(v[6], v[7]);
-  return o;
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;"
+        : "=r"(o[i])
+        : "f"(v[2 * i + 1] * grad_scale), "f"(v[2 * i] * grad_scale));
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 // losses [n] f32, dlogits [n, V] bf16 or null (may alias logits), logits [n, V] bf16, targets

@@ -6,7 +6,9 @@
 //      kEmbeddingBwdMergeRankMaxRows tokens: a merge-rank sort (each segment of kSeg positions
 //      sorted by one block, then every entry's global rank counted by binary searches in the
 //      other segments, then scattered); beyond: a CUB radix sort (its one-sweep kernel runs on a
-//      handful of blocks at these sizes, so it is latency-bound and slower below that limit);
+//      handful of blocks at these sizes, so it is latency-bound and slower below that limit).
+//      While the merge-rank sort's first kernel runs on a few SMs, blocks on the others ask the
+//      L2 for dout (where it fits half of it), which step 2 then reads from there;
 //   2. one block per chunk of kEmbeddingBwdChunk sorted entries sums each run of equal keys in it
 //      (a "piece") in position order; a run wholly inside the chunk is added to dtable directly,
 //      a piece of a run that crosses a chunk boundary goes to a slot of the workspace;
@@ -101,12 +103,22 @@ using SegmentSort = cub::BlockRadixSort<uint32_t, kSegThreads, kSegItems, int32_
 // Block s: the keys of positions [s·kSeg, s·kSeg + len) of tokens [N], sorted stably, into
 // seg_keys [N] at the same range, with their positions into seg_vals [N]. An entry's index
 // within its segment is thus its rank among the segment's keys (ties by position).
+// Blocks past the last segment (gridDim.x − segs of them) only ask the L2 for dout's bytes
+// [0, prefetch_bytes): the sort runs on a few SMs for several µs, in which HBM would idle; the
+// chunk kernel then reads those rows from the L2.
 __global__ void __launch_bounds__(kSegThreads)
     embedding_segment_sort_kernel(uint32_t* __restrict__ seg_keys, int32_t* __restrict__ seg_vals,
                                   const int32_t* __restrict__ tokens, int n_rows, int64_t vocab,
-                                  int end_bit) {
+                                  int end_bit, const void* prefetch, int64_t prefetch_bytes) {
   pdl::grid_sync();
   __shared__ typename SegmentSort::TempStorage tmp;
+  const int segs = (n_rows + kSeg - 1) >> kSegLog2;
+  if (int(blockIdx.x) >= segs) {
+    l2_prefetch_part(prefetch, prefetch_bytes,
+                     int64_t(blockIdx.x - segs) * kSegThreads + threadIdx.x,
+                     int64_t(gridDim.x - segs) * kSegThreads);
+    return;
+  }
   const int seg0 = blockIdx.x * kSeg;
   // Past the end: the largest key of end_bit bits, ≥ V, so these sort after every real entry
   // (after the V entries too, being later in the blocked order) and are not written back.
@@ -422,8 +434,17 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
   float* slots = reinterpret_cast<float*>(ws + 4 * arr);           // [chunks, 2, D]
   if (merge_rank) {
     const int segs = int(ceil_div(n_rows, kSeg));
-    pdl::launch(embedding_segment_sort_kernel, segs, kSegThreads, 0, s, keys_in, vals_in,
-                tokens.ptr<const int32_t>(), n, vocab, end_bit);
+    // dout prefetched only where it takes at most half the L2 (the 124m preset's 25 MB of a
+    // 50 MB L2): a larger one is evicted by the chunk kernel's dtable rows before it is read
+    // (at 1b, 67 MB, the prefetch measured 3 % slower).
+    const int64_t dout_bytes = n_rows * d * 2;
+    const int dev = ctx.device().index;
+    const bool pf_dout =
+        aligned16(dout.data) && 2 * dout_bytes <= cached_device_attr(dev, cudaDevAttrL2CacheSize);
+    const int pf_blocks = pf_dout ? std::max(sm_count(dev) - segs, 0) : 0;
+    pdl::launch(embedding_segment_sort_kernel, segs + pf_blocks, kSegThreads, 0, s, keys_in,
+                vals_in, tokens.ptr<const int32_t>(), n, vocab, end_bit,
+                static_cast<const void*>(dout.data), pf_dout ? dout_bytes : int64_t(0));
     LOWBIT_CUDA_CHECK_LAUNCH();
     const size_t smem = rank_bytes;  // [segs, kSeg] keys
     allow_dynamic_smem(embedding_merge_rank_kernel, smem);

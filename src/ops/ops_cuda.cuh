@@ -52,6 +52,23 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Asks the L2 to fetch part `part` of `parts` equal slices of bytes [0, bytes) at p (16-byte
+// aligned; a trailing partial 16-byte unit is left out). A hint with no completion to wait for:
+// for data that a later kernel of the stream reads.
+__device__ __forceinline__ void l2_prefetch_part(const void* p, int64_t bytes, int64_t part,
+                                                 int64_t parts) {
+  constexpr int64_t kMaxUnits = 1024;  // 16 KiB per instruction
+  const int64_t units = bytes / 16, per = (units + parts - 1) / parts;
+  const int64_t u0 = part * per, u1 = units < u0 + per ? units : u0 + per;
+  for (int64_t u = u0; u < u1; u += kMaxUnits) {
+    const int64_t n = u1 - u < kMaxUnits ? u1 - u : kMaxUnits;
+    asm volatile(
+        "cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(p) + 16 * u),
+        "r"(uint32_t(16 * n))
+        : "memory");
+  }
+}
+
 // Opts `kernel` into `bytes` of dynamic shared memory on the current device when that exceeds
 // the 48 KiB default. The attribute is set once per kernel, device and larger size (a
 // cudaFuncSetAttribute costs ~10 µs of host time, which lands between kernels right after a
