@@ -27,11 +27,17 @@ namespace lowbit {
 // ---- token embedding ------------------------------------------------------------------------
 // out [N, D] bf16 = table [V, D] (bf16) rows selected by tokens [N] i32. A token outside
 // [0, V) is a UserError on the CPU; on the GPU it sets out's row to NaN (checked later).
+// sort_plan, optional: [2, N] i32 on the tokens' device, filled with the order the backward
+// sums in — which depends on the tokens only. On the GPU its sort runs beside the gather (a
+// latency-bound sort on a few SMs under the gather's memory traffic) instead of at the head of
+// the backward.
 void embedding_fwd(Context& ctx, const TensorView& out, const TensorView& tokens,
-                   const TensorView& table);
+                   const TensorView& table, const TensorView& sort_plan = TensorView());
 // dtable [V, D] f32 += scatter of dout [N, D] bf16 by tokens [N] i32 (deterministic order).
+// sort_plan, optional: the plan embedding_fwd filled from these same tokens (the GPU then does
+// not sort; the CPU checks that it matches them).
 void embedding_bwd(Context& ctx, const TensorView& dtable, const TensorView& tokens,
-                   const TensorView& dout);
+                   const TensorView& dout, const TensorView& sort_plan = TensorView());
 
 // ---- RMSNorm --------------------------------------------------------------------------------
 // out [N, D] bf16 = x · rstd · w, rstd [N] f32 = 1 / sqrt(mean(x²) + eps); x [N, D] bf16,

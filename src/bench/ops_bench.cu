@@ -224,10 +224,18 @@ void bench_preset(Context& ctx, Recorder& rec, const OpsBenchPreset& p) {
     Tensor dtable = Tensor::zeros({V, D}, f32, dev);
     fill_normal(table, 0.02f, 1, s);
     fill_normal(out, 1.0f, 2, s);
+    Tensor plan = Tensor::empty({2, N}, DType::kI32, dev);  // [2, N] the backward's order
     const std::string sh = dims({{"N", N}, {"D", D}, {"V", V}});
+    // Training runs the pair with the sort plan (the forward sorts beside its gather, the
+    // backward reuses the order); without it (inference, or a caller that keeps no plan) the
+    // backward sorts first.
     rec.row("embedding fwd", name, sh, 4.0 * N + 2.0 * N * D * 2, 0,
             [&] { embedding_fwd(ctx, out, tokens, table); });
-    rec.row("embedding bwd", name, sh, 4.0 * N + 2.0 * N * D + 8.0 * unique * D, 0,
+    rec.row("embedding fwd+sort plan", name, sh, 4.0 * N + 2.0 * N * D * 2 + 8.0 * N, 0,
+            [&] { embedding_fwd(ctx, out, tokens, table, plan); });
+    rec.row("embedding bwd (plan)", name, sh, 8.0 * N + 2.0 * N * D + 8.0 * unique * D, 0,
+            [&] { embedding_bwd(ctx, dtable, tokens, out, plan); });
+    rec.row("embedding bwd, own sort", name, sh, 4.0 * N + 2.0 * N * D + 8.0 * unique * D, 0,
             [&] { embedding_bwd(ctx, dtable, tokens, out); });
   } catch (const std::exception& e) {
     rec.failed("embedding", name, e.what());

@@ -39,6 +39,9 @@ Context& Context::operator=(Context&& o) noexcept {
     release();
     device_ = o.device_;
     stream_ = std::exchange(o.stream_, nullptr);
+    side_ = std::exchange(o.side_, nullptr);
+    fork_event_ = std::exchange(o.fork_event_, nullptr);
+    join_event_ = std::exchange(o.join_event_, nullptr);
     cublaslt_ = std::exchange(o.cublaslt_, nullptr);
     workspace_ = std::exchange(o.workspace_, nullptr);
     workspace_bytes_ = std::exchange(o.workspace_bytes_, 0);
@@ -67,10 +70,48 @@ void Context::release() {
     cublasLtDestroy(cublaslt_);
     cublaslt_ = nullptr;
   }
+  if (side_ != nullptr) {
+    cudaStreamSynchronize(side_);
+    cudaStreamDestroy(side_);
+    cudaEventDestroy(fork_event_);
+    cudaEventDestroy(join_event_);
+    side_ = nullptr;
+    fork_event_ = join_event_ = nullptr;
+  }
   if (stream_ != nullptr) {
     cudaStreamDestroy(stream_);
     stream_ = nullptr;
   }
+}
+
+CUstream_st* Context::side_stream() {
+  LOWBIT_CHECK(on_gpu(), "side stream requested on a CPU context");
+  if (side_ == nullptr) {
+    LOWBIT_CUDA_CHECK(cudaSetDevice(device_.index));
+    int least = 0, greatest = 0;
+    LOWBIT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s = nullptr;
+    LOWBIT_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+    cudaEvent_t f = nullptr, j = nullptr;
+    LOWBIT_CUDA_CHECK(cudaEventCreateWithFlags(&f, cudaEventDisableTiming));
+    LOWBIT_CUDA_CHECK(cudaEventCreateWithFlags(&j, cudaEventDisableTiming));
+    side_ = s;
+    fork_event_ = f;
+    join_event_ = j;
+  }
+  return side_;
+}
+
+void Context::fork_side() {
+  cudaStream_t side = side_stream();
+  LOWBIT_CUDA_CHECK(cudaEventRecord(fork_event_, stream_));
+  LOWBIT_CUDA_CHECK(cudaStreamWaitEvent(side, fork_event_, 0));
+}
+
+void Context::join_side() {
+  LOWBIT_CHECK(side_ != nullptr, "join_side without a side stream (fork_side first)");
+  LOWBIT_CUDA_CHECK(cudaEventRecord(join_event_, side_));
+  LOWBIT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
 }
 
 cublasLtContext* Context::cublaslt() {

@@ -705,7 +705,10 @@ struct LlamaModel::Impl {
     pending_dy_lin = -1;
     Tensor tokens = upload_i32(tokens_in, N);
     Tensor x = act({N, D}, adt, dev);
-    embedding_fwd(ctx, x, tokens.view().reshape({N}), param(p_embed));
+    // With a backward to come, the forward also sorts the tokens for it ([2, N] i32): on the GPU
+    // the sort hides under the gather instead of heading the backward.
+    Tensor sort_plan = backward ? act({2, N}, DType::kI32, dev) : Tensor();
+    embedding_fwd(ctx, x, tokens.view().reshape({N}), param(p_embed), sort_plan.view());
     std::vector<BlockSaved> saved(backward ? cfg.n_layers : 0);
     for (int l = 0; l < cfg.n_layers; ++l) {
       BlockSaved* s = backward ? &saved[l] : nullptr;
@@ -780,7 +783,7 @@ struct LlamaModel::Impl {
       }
       block_bwd(l, s, dx, B, T);
     }
-    embedding_bwd(ctx, arena.grad(p_embed), tokens.view().reshape({N}), dx);
+    embedding_bwd(ctx, arena.grad(p_embed), tokens.view().reshape({N}), dx, sort_plan.view());
     if (collect_stats) w_stats_done = true;
     return st;
   }

@@ -16,7 +16,9 @@
 //      are added in chunk order and then to dtable.
 // A token that occurs thousands of times is thus summed by many blocks, not serially by one.
 // Both sorts give the same (key, position) sequence, so the output bits do not depend on which
-// one ran.
+// one ran. The sorted pairs depend on the tokens only: the forward can write them to a sort plan
+// (sorting on the side stream while the main stream gathers), and a backward given that plan
+// starts at step 2.
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
@@ -103,9 +105,9 @@ using SegmentSort = cub::BlockRadixSort<uint32_t, kSegThreads, kSegItems, int32_
 // Block s: the keys of positions [s·kSeg, s·kSeg + len) of tokens [N], sorted stably, into
 // seg_keys [N] at the same range, with their positions into seg_vals [N]. An entry's index
 // within its segment is thus its rank among the segment's keys (ties by position).
-// Blocks past the last segment (gridDim.x − segs of them) only ask the L2 for dout's bytes
-// [0, prefetch_bytes): the sort runs on a few SMs for several µs, in which HBM would idle; the
-// chunk kernel then reads those rows from the L2.
+// Blocks past the last segment (gridDim.x − segs of them) only ask the L2 for `prefetch_bytes`
+// of `prefetch` (the backward's dout): the sort runs on a few SMs for several µs, in which HBM
+// would idle; the chunk kernel then reads those rows from the L2.
 __global__ void __launch_bounds__(kSegThreads)
     embedding_segment_sort_kernel(uint32_t* __restrict__ seg_keys, int32_t* __restrict__ seg_vals,
                                   const int32_t* __restrict__ tokens, int n_rows, int64_t vocab,
@@ -376,32 +378,12 @@ size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
 
 }  // namespace
 
-void embedding_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& tokens,
-                        const TensorView& table) {
-  const int64_t n_rows = out.size(0), d = out.size(1), vocab = table.size(0);
-  uint16_t* o = out.ptr<uint16_t>();
-  const uint16_t* t = table.ptr<const uint16_t>();
-  const bool vec = d % 8 == 0 && aligned16(o) && aligned16(t);
-  cudaStream_t s = ctx.stream();
-  if (vec) {
-    pdl::launch(embedding_fwd_kernel<true>, grid_for(n_rows * d / 8), kThreads, 0, s, o,
-                tokens.ptr<const int32_t>(), t, n_rows, d, vocab);
-  } else {
-    pdl::launch(embedding_fwd_kernel<false>, grid_for(n_rows * d), kThreads, 0, s, o,
-                tokens.ptr<const int32_t>(), t, n_rows, d, vocab);
-  }
-  LOWBIT_CUDA_CHECK_LAUNCH();
-}
+namespace {
 
-void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView& tokens,
-                        const TensorView& dout, EmbeddingSort sort) {
-  const int64_t n_rows = dout.size(0), d = dout.size(1), vocab = dtable.size(0);
-  LOWBIT_USER_CHECK(n_rows < (int64_t(1) << 31) && vocab < (int64_t(1) << 31),
-                    "embedding_bwd: {} tokens and a vocabulary of {} exceed the GPU kernel's "
-                    "32-bit indices",
-                    n_rows, vocab);
-  // The rank kernel holds every key in shared memory (4 bytes per token, rounded up to whole
-  // segments): within the device's limit per block (227 KiB on sm_90, 99 KiB on sm_120).
+// Whether the merge-rank sort takes these tokens: up to kEmbeddingBwdMergeRankMaxRows whose keys
+// fit one block's shared memory (4 bytes per token, rounded up to whole segments: 227 KiB on
+// sm_90, 99 KiB on sm_120); kMergeRank past that is an error.
+bool use_merge_rank(Context& ctx, int64_t n_rows, EmbeddingSort sort) {
   const size_t rank_bytes = size_t(ceil_div(n_rows, kSeg)) * kSeg * sizeof(uint32_t);
   const bool rank_fits = dynamic_smem_fits(ctx.device().index, rank_bytes, 0);
   const bool merge_rank =
@@ -411,53 +393,140 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
                "embedding_bwd: the merge-rank sort takes at most {} tokens whose keys fit the "
                "GPU's shared memory per block; {} tokens need {} bytes (use EmbeddingSort::kAuto)",
                kEmbeddingBwdMergeRankMaxRows, n_rows, rank_bytes);
-  cudaStream_t s = ctx.stream();
-  // Keys 0..V (V marks an invalid token): sort only the bits needed.
+  return merge_rank;
+}
+
+// Keys 0..V (V marks an invalid token): the sort takes only the bits needed.
+int key_bits(int64_t vocab) {
   int end_bit = 1;
   while ((uint64_t(1) << end_bit) <= uint64_t(vocab)) ++end_bit;
-  const int n = int(n_rows);
+  return end_bit;
+}
+
+// Scratch of sort_tokens: keys_in / vals_in [N] each (the merge-rank sort's per-segment sorted
+// pairs, or the radix sort's input), then the radix sort's own temporary storage.
+size_t sort_scratch_bytes(bool merge_rank, int64_t n_rows, int64_t vocab) {
+  const size_t arr = align256(size_t(n_rows) * 4);
+  if (merge_rank) return 2 * arr;
   size_t cub_bytes = 0;
-  if (!merge_rank) {
-    LOWBIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-        nullptr, cub_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
-        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, end_bit, s));
-  }
-  const int64_t chunks = ceil_div(n_rows, kChunk);
+  LOWBIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, cub_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), int(n_rows), 0,
+      key_bits(vocab), cudaStream_t(nullptr)));
+  return 2 * arr + align256(cub_bytes);
+}
+
+// Step 1 on stream s: keys_out [N] (token keys, V for an out-of-range token) stably sorted,
+// vals_out [N] their positions, using `scratch` (sort_scratch_bytes). With the merge-rank sort,
+// `prefetch_bytes` > 0 of `prefetch` are asked of the L2 by blocks beside its first kernel.
+void sort_tokens(Context& ctx, cudaStream_t s, bool merge_rank, uint8_t* scratch,
+                 uint32_t* keys_out, int32_t* vals_out, const TensorView& tokens, int64_t vocab,
+                 const void* prefetch = nullptr, int64_t prefetch_bytes = 0) {
+  const int64_t n_rows = tokens.size(0);
+  const int end_bit = key_bits(vocab);
+  const int n = int(n_rows);
   const size_t arr = align256(size_t(n) * 4);
-  const size_t slot_bytes = align256(size_t(chunks) * 2 * size_t(d) * sizeof(float));
-  uint8_t* ws = static_cast<uint8_t*>(ctx.workspace(4 * arr + slot_bytes + align256(cub_bytes)));
-  // keys_in / vals_in: the merge-rank sort's per-segment sorted pairs, or the radix sort's input.
-  uint32_t* keys_in = reinterpret_cast<uint32_t*>(ws);             // [N]
-  int32_t* vals_in = reinterpret_cast<int32_t*>(ws + arr);         // [N]
-  uint32_t* keys_out = reinterpret_cast<uint32_t*>(ws + 2 * arr);  // [N], sorted
-  int32_t* vals_out = reinterpret_cast<int32_t*>(ws + 3 * arr);    // [N], positions by key
-  float* slots = reinterpret_cast<float*>(ws + 4 * arr);           // [chunks, 2, D]
+  uint32_t* keys_in = reinterpret_cast<uint32_t*>(scratch);      // [N]
+  int32_t* vals_in = reinterpret_cast<int32_t*>(scratch + arr);  // [N]
   if (merge_rank) {
     const int segs = int(ceil_div(n_rows, kSeg));
-    // dout prefetched only where it takes at most half the L2 (the 124m preset's 25 MB of a
-    // 50 MB L2): a larger one is evicted by the chunk kernel's dtable rows before it is read
-    // (at 1b, 67 MB, the prefetch measured 3 % slower).
-    const int64_t dout_bytes = n_rows * d * 2;
-    const int dev = ctx.device().index;
-    const bool pf_dout =
-        aligned16(dout.data) && 2 * dout_bytes <= cached_device_attr(dev, cudaDevAttrL2CacheSize);
-    const int pf_blocks = pf_dout ? std::max(sm_count(dev) - segs, 0) : 0;
+    const int pf_blocks = prefetch_bytes > 0 ? std::max(sm_count(ctx.device().index) - segs, 0) : 0;
     pdl::launch(embedding_segment_sort_kernel, segs + pf_blocks, kSegThreads, 0, s, keys_in,
-                vals_in, tokens.ptr<const int32_t>(), n, vocab, end_bit,
-                static_cast<const void*>(dout.data), pf_dout ? dout_bytes : int64_t(0));
+                vals_in, tokens.ptr<const int32_t>(), n, vocab, end_bit, prefetch, prefetch_bytes);
     LOWBIT_CUDA_CHECK_LAUNCH();
-    const size_t smem = rank_bytes;  // [segs, kSeg] keys
+    const size_t smem = size_t(segs) * kSeg * sizeof(uint32_t);  // [segs, kSeg] keys
     allow_dynamic_smem(embedding_merge_rank_kernel, smem);
     pdl::launch(embedding_merge_rank_kernel, int(ceil_div(n_rows, kRankThreads)), kRankThreads,
                 smem, s, keys_out, vals_out, keys_in, vals_in, n);
     LOWBIT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  size_t cub_bytes = sort_scratch_bytes(false, n_rows, vocab) - 2 * arr;
+  pdl::launch(embedding_keys_kernel, int(ceil_div(n_rows, kThreads)), kThreads, 0, s, keys_in,
+              vals_in, tokens.ptr<const int32_t>(), n_rows, vocab);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+  LOWBIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch + 2 * arr, cub_bytes, keys_in, keys_out,
+                                                    vals_in, vals_out, n, 0, end_bit, s));
+}
+
+void check_token_range(int64_t n_rows, int64_t vocab) {
+  LOWBIT_USER_CHECK(n_rows < (int64_t(1) << 31) && vocab < (int64_t(1) << 31),
+                    "embedding: {} tokens and a vocabulary of {} exceed the GPU kernel's 32-bit "
+                    "indices",
+                    n_rows, vocab);
+}
+
+// The plan's rows: [0] the sorted keys, [1] their positions ([2, N] i32).
+uint32_t* plan_keys(const TensorView& plan) {
+  return reinterpret_cast<uint32_t*>(plan.ptr<int32_t>());
+}
+int32_t* plan_vals(const TensorView& plan) { return plan.ptr<int32_t>() + plan.size(1); }
+
+}  // namespace
+
+void embedding_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& tokens,
+                        const TensorView& table, const TensorView& sort_plan, EmbeddingSort sort) {
+  const int64_t n_rows = out.size(0), d = out.size(1), vocab = table.size(0);
+  uint16_t* o = out.ptr<uint16_t>();
+  const uint16_t* t = table.ptr<const uint16_t>();
+  const bool vec = d % 8 == 0 && aligned16(o) && aligned16(t);
+  cudaStream_t s = ctx.stream();
+  if (sort_plan.data != nullptr) {
+    // The sort (latency-bound, a few SMs) on the side stream beside the gather; joined before
+    // returning.
+    check_token_range(n_rows, vocab);
+    const bool merge_rank = use_merge_rank(ctx, n_rows, sort);
+    uint8_t* scratch =
+        static_cast<uint8_t*>(ctx.workspace(sort_scratch_bytes(merge_rank, n_rows, vocab)));
+    ctx.fork_side();
+    sort_tokens(ctx, ctx.side_stream(), merge_rank, scratch, plan_keys(sort_plan),
+                plan_vals(sort_plan), tokens, vocab);
+  }
+  if (vec) {
+    pdl::launch(embedding_fwd_kernel<true>, grid_for(n_rows * d / 8), kThreads, 0, s, o,
+                tokens.ptr<const int32_t>(), t, n_rows, d, vocab);
   } else {
-    void* cub_tmp = ws + 4 * arr + slot_bytes;
-    pdl::launch(embedding_keys_kernel, int(ceil_div(n_rows, kThreads)), kThreads, 0, s, keys_in,
-                vals_in, tokens.ptr<const int32_t>(), n_rows, vocab);
-    LOWBIT_CUDA_CHECK_LAUNCH();
-    LOWBIT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_tmp, cub_bytes, keys_in, keys_out,
-                                                      vals_in, vals_out, n, 0, end_bit, s));
+    pdl::launch(embedding_fwd_kernel<false>, grid_for(n_rows * d), kThreads, 0, s, o,
+                tokens.ptr<const int32_t>(), t, n_rows, d, vocab);
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH();
+  if (sort_plan.data != nullptr) ctx.join_side();
+}
+
+void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView& tokens,
+                        const TensorView& dout, EmbeddingSort sort, const TensorView& sort_plan) {
+  const int64_t n_rows = dout.size(0), d = dout.size(1), vocab = dtable.size(0);
+  cudaStream_t s = ctx.stream();
+  const int64_t chunks = ceil_div(n_rows, kChunk);
+  const size_t arr = align256(size_t(n_rows) * 4);
+  const size_t slot_bytes = align256(size_t(chunks) * 2 * size_t(d) * sizeof(float));
+  check_token_range(n_rows, vocab);
+  const uint32_t* keys_out = nullptr;  // [N] sorted keys
+  const int32_t* vals_out = nullptr;   // [N] their positions
+  float* slots = nullptr;              // [chunks, 2, D]
+  if (sort_plan.data != nullptr) {
+    slots = static_cast<float*>(ctx.workspace(slot_bytes));
+    keys_out = plan_keys(sort_plan);
+    vals_out = plan_vals(sort_plan);
+  } else {
+    // Workspace: slots, the sorted pairs, the sort's scratch.
+    const bool merge_rank = use_merge_rank(ctx, n_rows, sort);
+    uint8_t* ws = static_cast<uint8_t*>(
+        ctx.workspace(slot_bytes + 2 * arr + sort_scratch_bytes(merge_rank, n_rows, vocab)));
+    slots = reinterpret_cast<float*>(ws);
+    uint32_t* keys = reinterpret_cast<uint32_t*>(ws + slot_bytes);
+    int32_t* vals = reinterpret_cast<int32_t*>(ws + slot_bytes + arr);
+    // dout prefetched only where it takes at most half the L2 (the 124m preset's 25 MB of a
+    // 50 MB L2): a larger one is evicted by the chunk kernel's dtable rows before it is read
+    // (at 1b, 67 MB, the prefetch measured 3 % slower).
+    const int64_t dout_bytes = n_rows * d * 2;
+    const bool prefetch =
+        aligned16(dout.data) &&
+        2 * dout_bytes <= cached_device_attr(ctx.device().index, cudaDevAttrL2CacheSize);
+    sort_tokens(ctx, s, merge_rank, ws + slot_bytes + 2 * arr, keys, vals, tokens, vocab, dout.data,
+                prefetch ? dout_bytes : 0);
+    keys_out = keys;
+    vals_out = vals;
   }
   float* dt = dtable.ptr<float>();
   const uint16_t* dy = dout.ptr<const uint16_t>();

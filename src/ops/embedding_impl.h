@@ -18,21 +18,34 @@ void embedding_fwd_cpu(const TensorView& out, const TensorView& tokens, const Te
 // token occurs many times.)
 inline constexpr int64_t kEmbeddingBwdChunk = 16;
 // dtable [V, D] f32 += Σ over the positions n with tokens[n] = v of dout [N, D] bf16|f32 rows.
-void embedding_bwd_cpu(const TensorView& dtable, const TensorView& tokens, const TensorView& dout);
+// A sort plan, when given, must be the one these tokens give (UserError otherwise: it would come
+// from other tokens).
+void embedding_bwd_cpu(const TensorView& dtable, const TensorView& tokens, const TensorView& dout,
+                       const TensorView& sort_plan = TensorView());
+
+// The sort plan [2, N] i32 (embedding_fwd's optional output, embedding_bwd's optional input):
+// row 0 the tokens' keys sorted stably — the token, or V for one outside [0, V) (sorted last,
+// skipped) — and row 1 their positions. The CPU twin writes and checks the same contents.
+void embedding_sort_plan_cpu(const TensorView& plan, const TensorView& tokens, int64_t vocab);
 
 // CUDA (embedding.cu), bf16 only, on ctx.stream(). Out-of-range tokens give NaN rows in the
 // forward and are skipped by the backward.
-void embedding_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& tokens,
-                        const TensorView& table);
-// How embedding_bwd_cuda sorts the (token, position) pairs. Both sorts are stable, so they give
+// How the (token, position) pairs are sorted on the GPU. Both sorts are stable, so they give
 // the same sequence and the same output bits; kAuto takes the merge-rank sort up to
 // kEmbeddingBwdMergeRankMaxRows tokens and the radix sort beyond. Tests force one or the other.
 enum class EmbeddingSort { kAuto, kMergeRank, kRadix };
+// With a sort plan, the forward also sorts, on the context's side stream beside the gather
+// (joined before it returns).
+void embedding_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& tokens,
+                        const TensorView& table, const TensorView& sort_plan = TensorView(),
+                        EmbeddingSort sort = EmbeddingSort::kAuto);
 // The most tokens the merge-rank sort takes: its rank kernel holds all N keys in one block's
 // shared memory (4·N bytes, 128 KiB here). Below it the merge-rank sort is faster (a few µs,
 // on many SMs); the radix sort's passes run on only a few blocks at these sizes.
 inline constexpr int64_t kEmbeddingBwdMergeRankMaxRows = 32768;
+// With a sort plan (from embedding_fwd with the same tokens) the backward does not sort.
 void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView& tokens,
-                        const TensorView& dout, EmbeddingSort sort = EmbeddingSort::kAuto);
+                        const TensorView& dout, EmbeddingSort sort = EmbeddingSort::kAuto,
+                        const TensorView& sort_plan = TensorView());
 
 }  // namespace lowbit::ops_detail

@@ -199,10 +199,72 @@ TEST(GpuEmbedding, BackwardEachSortMatchesCpuBitForBit) {
         EXPECT_TRUE(compare_cpu_gpu(bwd_sort_case({n, d}, 50, runs_of(700, 50), sort)));
       }
     }
+    // Runs over 1 to 6 chunks, from every offset within a chunk: those over a few chunks are
+    // summed by one warp, longer ones through the slots and the per-run counters.
+    for (int64_t len : {5, 17, 33, 49, 64, 65, 90}) {
+      for (int64_t d : {72, 5}) {
+        EXPECT_TRUE(compare_cpu_gpu(bwd_sort_case({2000, d}, 1000, runs_of(len, 1000), sort)));
+      }
+    }
   }
   const int64_t above = ops_detail::kEmbeddingBwdMergeRankMaxRows + 1;
   EXPECT_TRUE(compare_cpu_gpu(bwd_case({above, 8}, 1000, Fill::gaussian())));
   EXPECT_TRUE(compare_cpu_gpu(bwd_case({above, 8}, 7, Fill::gaussian())));
+}
+
+std::vector<uint8_t> host_bytes(const TensorView& t) {
+  Tensor h = Tensor::copy_of(t, Device::cpu());
+  const uint8_t* p = static_cast<const uint8_t*>(h.data());
+  return std::vector<uint8_t>(p, p + h.view().nbytes());
+}
+
+// The forward with a sort plan: the same rows as without, the plan the CPU twin writes (keys V
+// for out-of-range tokens), and a backward given the plan writes the bits of one that sorts.
+TEST(GpuEmbedding, SortPlanMatchesCpuAndServesTheBackward) {
+  Context ctx(Device::cuda(0));
+  const Device gpu = Device::cuda(0), cpu = Device::cpu();
+  struct Case {
+    int64_t n, d, vocab;
+    bool invalid;
+  };
+  const Case cases[] = {{1, 16, 10, false},         {257, 72, 1000, false},  {5000, 5, 50, true},
+                        {16384, 768, 32000, false}, {20000, 72, 1000, true}, {3000, 24, 7, false}};
+  for (const Case& cs : cases) {
+    for (EmbeddingSort sort : {EmbeddingSort::kMergeRank, EmbeddingSort::kRadix}) {
+      SCOPED_TRACE(fmt::format("{}x{} V={}{} {}", cs.n, cs.d, cs.vocab,
+                               cs.invalid ? " with invalid tokens" : "", sort_name(sort)));
+      Tensor tok_h = Tensor::zeros({cs.n}, DType::kI32, cpu);
+      const Fill mix = invalid_mix(cs.vocab);
+      for (int64_t i = 0; i < cs.n; ++i) {
+        tok_h.ptr<int32_t>()[i] =
+            cs.invalid ? int32_t(mix.fn(i)) : int32_t((i * 7919 + i / 3) % cs.vocab);
+      }
+      Tensor want = Tensor::zeros({2, cs.n}, DType::kI32, cpu);
+      ops_detail::embedding_sort_plan_cpu(want, tok_h, cs.vocab);
+      Tensor tokens = Tensor::copy_of(tok_h.view(), gpu);
+      Tensor table_h = Tensor::zeros({cs.vocab, cs.d}, DType::kBF16, cpu);
+      for (int64_t i = 0; i < table_h.view().numel(); ++i)
+        table_h.ptr<uint16_t>()[i] = f32_to_bf16_rn(float(i % 97) * 0.25f - 3.0f);
+      Tensor table = Tensor::copy_of(table_h.view(), gpu);
+      Tensor out1 = Tensor::zeros({cs.n, cs.d}, DType::kBF16, gpu);
+      Tensor out2 = Tensor::zeros({cs.n, cs.d}, DType::kBF16, gpu);
+      Tensor plan = Tensor::zeros({2, cs.n}, DType::kI32, gpu);
+      ops_detail::embedding_fwd_cuda(ctx, out1, tokens, table);
+      ops_detail::embedding_fwd_cuda(ctx, out2, tokens, table, plan, sort);
+      ctx.synchronize();
+      EXPECT_EQ(host_bytes(out1), host_bytes(out2));
+      EXPECT_EQ(host_bytes(plan), host_bytes(want));
+      // dout = the forward's rows; the second pair accumulates onto the first.
+      Tensor dt1f = Tensor::zeros({cs.vocab, cs.d}, DType::kF32, gpu);
+      Tensor dt2f = Tensor::zeros({cs.vocab, cs.d}, DType::kF32, gpu);
+      ops_detail::embedding_bwd_cuda(ctx, dt1f, tokens, out1, sort);
+      ops_detail::embedding_bwd_cuda(ctx, dt2f, tokens, out1, sort, plan);
+      ops_detail::embedding_bwd_cuda(ctx, dt1f, tokens, out1, sort);
+      ops_detail::embedding_bwd_cuda(ctx, dt2f, tokens, out1, sort, plan);
+      ctx.synchronize();
+      EXPECT_EQ(host_bytes(dt1f), host_bytes(dt2f));
+    }
+  }
 }
 
 // Forcing the merge-rank sort past its token limit is refused before anything runs, with a

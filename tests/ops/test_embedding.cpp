@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -128,6 +129,47 @@ TEST(Embedding, SpecialValuesAndEmptyBatchPassThrough) {
   Tensor tokens0 = Tensor::zeros({0}, DType::kI32, Device::cpu());
   Tensor out0 = Tensor::zeros({0, kD}, DType::kBF16, Device::cpu());
   EXPECT_NO_THROW(embedding_fwd(ctx, out0, tokens0, table0));
+}
+
+// The sort plan: the forward writes the stable (token, position) order, the backward given it
+// sums exactly as without it, and a plan from other tokens is refused.
+TEST(Embedding, SortPlanFromTheForwardServesTheBackward) {
+  Context ctx(Device::cpu());
+  const Device cpu = Device::cpu();
+  Tensor tokens = Tensor::zeros({kN}, DType::kI32, cpu);
+  for (int64_t n = 0; n < kN; ++n) tokens.ptr<int32_t>()[n] = int32_t((n * 7) % 5 + (n % 3));
+  Tensor table = Tensor::zeros({kV, kD}, DType::kBF16, cpu);
+  Tensor out = Tensor::zeros({kN, kD}, DType::kBF16, cpu);
+  Tensor plan = Tensor::zeros({2, kN}, DType::kI32, cpu);
+  embedding_fwd(ctx, out, tokens, table, plan);
+  // Expected: positions sorted stably by token.
+  std::vector<std::pair<int32_t, int32_t>> want;
+  for (int64_t n = 0; n < kN; ++n) want.push_back({tokens.ptr<int32_t>()[n], int32_t(n)});
+  std::stable_sort(want.begin(), want.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (int64_t k = 0; k < kN; ++k) {
+    ASSERT_EQ(plan.ptr<int32_t>()[k], want[k].first) << k;
+    ASSERT_EQ(plan.ptr<int32_t>()[kN + k], want[k].second) << k;
+  }
+  Tensor dout = Tensor::zeros({kN, kD}, DType::kBF16, cpu);
+  for (int64_t i = 0; i < kN * kD; ++i)
+    dout.ptr<uint16_t>()[i] = f32_to_bf16_rn(0.37f * float(i % 11) - 1.5f);
+  Tensor dt1 = Tensor::zeros({kV, kD}, DType::kF32, cpu);
+  Tensor dt2 = Tensor::zeros({kV, kD}, DType::kF32, cpu);
+  embedding_bwd(ctx, dt1, tokens, dout);
+  embedding_bwd(ctx, dt2, tokens, dout, plan);
+  EXPECT_EQ(0, std::memcmp(dt1.data(), dt2.data(), dt1.view().nbytes()));
+
+  // A plan of other tokens, and malformed plans.
+  std::swap(plan.ptr<int32_t>()[kN], plan.ptr<int32_t>()[kN + 1]);
+  EXPECT_TRUE(throws_user_error([&] { embedding_bwd(ctx, dt2, tokens, dout, plan); },
+                                {"embedding_bwd", "sort_plan entry 0", "same tokens"}));
+  Tensor plan_short = Tensor::zeros({2, kN - 1}, DType::kI32, cpu);
+  EXPECT_TRUE(throws_user_error([&] { embedding_fwd(ctx, out, tokens, table, plan_short); },
+                                {"embedding_fwd", "sort_plan must be [2, N] = [2, 65]"}));
+  Tensor plan64 = Tensor::zeros({2, kN}, DType::kI64, cpu);
+  EXPECT_TRUE(throws_user_error([&] { embedding_bwd(ctx, dt2, tokens, dout, plan64); },
+                                {"sort_plan", "must be i32"}));
 }
 
 TEST(Embedding, BadArgumentsAreUserErrors) {

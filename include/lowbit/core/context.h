@@ -11,6 +11,7 @@
 #include "lowbit/core/tensor.h"
 
 struct CUstream_st;
+struct CUevent_st;
 struct cublasLtContext;
 
 namespace lowbit {
@@ -29,7 +30,14 @@ class Context {
   Device device() const { return device_; }
   bool on_gpu() const { return device_.is_cuda(); }
   CUstream_st* stream() const { return stream_; }  // cudaStream_t; null on the CPU
-  cublasLtContext* cublaslt();                     // created on first use
+  // A second stream of this device (high priority; created on first use, GPU only) for
+  // latency-bound work that can run beside the main stream's: fork_side() makes it wait for the
+  // main stream's work so far, join_side() makes the main stream wait for its work so far. An op
+  // that forks joins before it returns, so callers see one ordered stream.
+  CUstream_st* side_stream();
+  void fork_side();
+  void join_side();
+  cublasLtContext* cublaslt();  // created on first use
   // Scratch memory of at least `bytes`, owned by the context, accounted as workspace.
   // Valid until the next call that asks for more.
   void* workspace(size_t bytes);
@@ -62,6 +70,9 @@ class Context {
   void release();
   Device device_;
   CUstream_st* stream_ = nullptr;
+  CUstream_st* side_ = nullptr;
+  CUevent_st* fork_event_ = nullptr;  // recorded on stream_, waited for by side_
+  CUevent_st* join_event_ = nullptr;  // recorded on side_, waited for by stream_
   cublasLtContext* cublaslt_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
