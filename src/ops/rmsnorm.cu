@@ -736,8 +736,8 @@ __global__ void __launch_bounds__(512, VPT <= 2 ? 2 : 1)
 constexpr int kRowWarps = 8;                    // warps (row streams) per block
 constexpr int kRowThreads = kRowWarps * kWarp;  // threads per block
 
-// At most 64 registers (4 blocks, 32 warps per SM); it takes 40, so that at D 768 with two slots
-// per warp 6 blocks (48 warps) are resident.
+// At most 64 registers (4 blocks, 32 warps per SM); the rowwise instantiations take 40, so that
+// at D 768 with two slots per warp 6 blocks (48 warps) are resident (the columnwise ones ~64).
 template <int VPT, bool kCol>
 __global__ void __launch_bounds__(kRowThreads, 4)
     rmsnorm_fwd_fp8_warp_kernel(uint16_t* __restrict__ y, float* __restrict__ rstd,
