@@ -9,6 +9,7 @@
 #include <mutex>
 #include <utility>
 
+#include "core/device_attr.h"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/formats.h"
 
@@ -21,24 +22,8 @@ inline int64_t ceil_div(int64_t n, int64_t per) { return (n + per - 1) / per; }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// A device attribute, queried once per device and attribute (launch paths ask on every call).
-inline int cached_device_attr(int device, cudaDeviceAttr attr) {
-  static std::mutex mu;
-  static std::map<std::pair<int, int>, int> cache;
-  const std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(device, static_cast<int>(attr));
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int value = 0;
-  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
-  cache.emplace(key, value);
-  return value;
-}
-
-// SMs of `device`.
-inline int sm_count(int device) {
-  return cached_device_attr(device, cudaDevAttrMultiProcessorCount);
-}
+using lowbit::cached_device_attr;  // core/device_attr.h
+using lowbit::sm_count;
 
 // Whether `bytes` of dynamic shared memory (plus `static_bytes` of the kernel's own arrays) fit
 // one block of `device` once opted in.

@@ -14,9 +14,9 @@
 //  * nvfp4_quant_v10_kernel: the 1×16 quantize pass for bf16 full 128×64 tiles.
 //  * nvfp4_quant_v11_kernel (default): the same tiles with a persistent grid that prefetches the
 //    next tile, the block multipliers from a table, and the E2M1 encoders of e2m1_fast.h.
-#include <atomic>
 #include <type_traits>
 
+#include "core/device_attr.h"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/core/philox.h"
 #include "lowbit/quant/e2m1_fast.h"
@@ -944,15 +944,9 @@ unsigned nvfp4_v11_blocks(int64_t n_tiles) {
                                                                     kThreads, 0));
     return b > 0 ? b : 1;
   }();
-  static std::atomic<int> sms[64] = {};
   int dev = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-  int n_sm = dev < 64 ? sms[dev].load(std::memory_order_relaxed) : 0;
-  if (n_sm == 0) {
-    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    if (dev < 64) sms[dev].store(n_sm, std::memory_order_relaxed);
-  }
-  const int64_t resident = int64_t(n_sm) * blocks_per_sm;
+  const int64_t resident = int64_t(sm_count(dev)) * blocks_per_sm;
   return unsigned(n_tiles < resident ? n_tiles : resident);
 }
 
