@@ -604,13 +604,74 @@ __device__ __forceinline__ void fp8_chunk8(const float (&v)[8], float scale, boo
   }
 }
 
-// Forward + FP8 with the rows of x streamed through shared memory. Row → group assignment:
-// - rowwise only (!kCol): a persistent grid (as many blocks as are resident); group q =
-//   blockIdx.x · groups + g of Q = gridDim.x · groups takes rows q, q + Q, q + 2Q, …, so every
-//   group has ⌈N / Q⌉ or ⌊N / Q⌋ rows and there is no partial last wave of blocks;
-// - with the columnwise copy (kCol): block b takes tiles b, b + gridDim.x, … of kQRows rows and,
-//   as rmsnorm_fwd_fp8_kernel, group g rows g, g + groups, … of each; the tile's codes are staged
-//   and written transposed before the next tile.
+// The rows of x that one of a block's `streams` row streams (a group of threads, or a warp)
+// takes, fed through its ring of `stages` slots — shared by the two forward ring kernels:
+// - rowwise only (!kCol): a persistent grid; stream q = blockIdx.x · streams + id of Q =
+//   gridDim.x · streams takes rows q, q + Q, q + 2Q, …, so every stream has ⌈N / Q⌉ or ⌊N / Q⌋
+//   rows and there is no partial last wave of blocks;
+// - with the columnwise copy (kCol): block b takes tiles b, b + gridDim.x, … of kQRows rows and
+//   stream `id` rows id, id + streams, … of each (stages ≤ kQRows / streams, so the row `stages`
+//   ahead is at most one tile ahead).
+template <bool kCol>
+struct RowStream {
+  const uint16_t* x;
+  int64_t n_rows;
+  int d;
+  uint32_t ring;  // shared address of the stream's [stages][D] bf16 slots
+  uint32_t bars;  // shared address of its [stages] mbarriers
+  int stages, streams, id;
+
+  __device__ __forceinline__ uint32_t row_bytes() const { return 2u * uint32_t(d); }
+  // Rows between two of the stream's rows (!kCol).
+  __device__ __forceinline__ int64_t step() const { return int64_t(gridDim.x) * streams; }
+  // One thread of the stream: row `row` of x into `slot` (nothing past the last row).
+  __device__ __forceinline__ void fill(int slot, int64_t row) const {
+    if (row >= n_rows) return;
+    const uint32_t bar = bars + 8u * uint32_t(slot);
+    tma::mbar_arrive_expect_tx(bar, row_bytes());
+    bulk_copy_g2s(ring + uint32_t(slot) * row_bytes(), x + row * d, row_bytes(), bar);
+  }
+  // The stream's row `stages` rows after `row` (row r of its tile when kCol).
+  __device__ __forceinline__ int64_t row_after(int64_t row, int r) const {
+    if constexpr (kCol) {
+      const int next = r + stages * streams;
+      return next < kQRows ? row + stages * streams
+                           : row - r + int64_t(gridDim.x) * kQRows + (next - kQRows);
+    } else {
+      return row + stages * step();
+    }
+  }
+  // One thread of the stream: its first `stages` rows into the slots.
+  __device__ __forceinline__ void prefill() const {
+    const int64_t first =
+        kCol ? int64_t(blockIdx.x) * kQRows + id : int64_t(blockIdx.x) * streams + id;
+    for (int s = 0; s < stages; ++s) fill(s, first + s * (kCol ? streams : step()));
+  }
+  // do_row(row, r) over the stream's rows in order (r: the row's place in its tile when kCol;
+  // then after each tile the whole block meets and store(n0) writes the tile transposed).
+  template <typename DoRow, typename StoreTile>
+  __device__ __forceinline__ void for_each_row(DoRow&& do_row, StoreTile&& store) const {
+    if constexpr (kCol) {
+      const int64_t n_tiles = (n_rows + kQRows - 1) / kQRows;
+      for (int64_t tile_no = blockIdx.x; tile_no < n_tiles; tile_no += gridDim.x) {
+        const int64_t n0 = tile_no * kQRows;
+        for (int r = id; r < kQRows && n0 + r < n_rows; r += streams) do_row(n0 + r, r);
+        __syncthreads();  // the whole tile is staged
+        store(n0);
+        __syncthreads();  // before the next tile is staged over it
+      }
+    } else {
+      for (int64_t row = int64_t(blockIdx.x) * streams + id; row < n_rows; row += step()) {
+        do_row(row, 0);
+      }
+    }
+  }
+};
+
+// Forward + FP8 with the rows of x streamed through shared memory, a RowStream per group of
+// group_threads threads (rowwise only: a persistent grid of as many blocks as are resident; with
+// the columnwise copy, whole tiles per block, group g taking rows g, g + groups, … of each as in
+// rmsnorm_fwd_fp8_kernel, the tile's codes staged and written transposed before the next tile).
 // Every row is computed exactly as rmsnorm_fwd_fp8_kernel computes it (which is rmsnorm_fwd's
 // arithmetic), so rstd, y and the codes are the same bits whichever group has the row.
 // Dynamic shared memory: groups · stages · 2·D bytes of x slots, then (kCol) kQRows · (D + 4) bytes
@@ -635,33 +696,8 @@ __global__ void __launch_bounds__(512, VPT <= 2 ? 2 : 1)
   if (threadIdx.x < groups * stages) tma::mbar_init(smem_addr(full + threadIdx.x), 1);
   tma::fence_mbar_init();
   __syncthreads();
-  const int64_t step = int64_t(gridDim.x) * groups;  // !kCol: rows between a group's rows
-  // Thread 0 of the group: row `row` of x into `slot` (nothing past the last row).
-  auto fill = [&](int slot, int64_t row) {
-    if (row >= n_rows) return;
-    const uint32_t bar = bars + 8u * uint32_t(slot);
-    tma::mbar_arrive_expect_tx(bar, row_bytes);
-    bulk_copy_g2s(smem_addr(ring) + uint32_t(slot) * row_bytes, x + row * d, row_bytes, bar);
-  };
-  // The group's row `stages` rows after `row` (at row r of its tile when kCol): kCol, rows
-  // r + groups, r + 2·groups, … of the tile, then those of the block's next tile (stages ≤
-  // kQRows / groups, so it is at most one tile ahead).
-  auto row_after = [&](int64_t row, int r) -> int64_t {
-    if constexpr (kCol) {
-      const int next = r + stages * groups;
-      return next < kQRows ? row + stages * groups
-                           : row - r + int64_t(gridDim.x) * kQRows + (next - kQRows);
-    } else {
-      return row + stages * step;
-    }
-  };
-  if (t == 0) {
-    // The group's first rows: rows g, g + groups, … of tile blockIdx.x (kCol, all in that tile),
-    // or rows q, q + step, … (q = blockIdx.x · groups + g).
-    const int64_t first =
-        kCol ? int64_t(blockIdx.x) * kQRows + g : int64_t(blockIdx.x) * groups + g;
-    for (int s = 0; s < stages; ++s) fill(s, first + s * (kCol ? groups : step));
-  }
+  const RowStream<kCol> rows{x, n_rows, d, smem_addr(ring), bars, stages, groups, g};
+  if (t == 0) rows.prefill();
   const float scale = *ep.scale;
   Raw<8> wv[VPT];
   load_w<8, VPT>(wv, w, t, group_threads, d);
@@ -686,7 +722,7 @@ __global__ void __launch_bounds__(512, VPT <= 2 ? 2 : 1)
     // Every thread of the group has read the slot (group_sum's barriers; a one-warp group has
     // exchanged its sums): it takes the group's row `stages` rows later.
     if (wpg == 1) __syncwarp();
-    if (t == 0) fill(pos.slot, row_after(row, r));
+    if (t == 0) rows.fill(pos.slot, rows.row_after(row, r));
     pos.advance(stages);
     const float rs = rstd_of(ss, d, eps);
     if (rstd != nullptr && t == 0) rstd[row] = rs;
@@ -703,18 +739,9 @@ __global__ void __launch_bounds__(512, VPT <= 2 ? 2 : 1)
                        tile + r * pitch + c, local_amax);
     }
   };
-  if constexpr (kCol) {
-    const int64_t n_tiles = (n_rows + kQRows - 1) / kQRows;
-    for (int64_t tile_no = blockIdx.x; tile_no < n_tiles; tile_no += gridDim.x) {
-      const int64_t n0 = tile_no * kQRows;
-      for (int r = g; r < kQRows && n0 + r < n_rows; r += groups) do_row(n0 + r, r);
-      __syncthreads();  // the whole tile is staged
-      store_transposed<kQRows>(ep.qt, tile, pitch, n0, n_rows, 0, d, vec_t);
-      __syncthreads();  // before the next tile is staged over it
-    }
-  } else {
-    for (int64_t row = int64_t(blockIdx.x) * groups + g; row < n_rows; row += step) do_row(row, 0);
-  }
+  rows.for_each_row(do_row, [&](int64_t n0) {
+    store_transposed<kQRows>(ep.qt, tile, pitch, n0, n_rows, 0, d, vec_t);
+  });
   fp8_epilogue_finish(local_amax, scale, ep);
 }
 
@@ -760,29 +787,8 @@ __global__ void __launch_bounds__(kRowThreads, 4)
   if (threadIdx.x < kRowWarps * stages) tma::mbar_init(smem_addr(full + threadIdx.x), 1);
   tma::fence_mbar_init();
   __syncthreads();
-  const int64_t step = int64_t(gridDim.x) * kRowWarps;  // !kCol: rows between a warp's rows
-  auto fill = [&](int slot, int64_t row) {              // lane 0: row `row` of x into `slot`
-    if (row >= n_rows) return;
-    const uint32_t bar = bars + 8u * uint32_t(slot);
-    tma::mbar_arrive_expect_tx(bar, row_bytes);
-    bulk_copy_g2s(smem_addr(ring) + uint32_t(slot) * row_bytes, x + row * d, row_bytes, bar);
-  };
-  // The warp's row `stages` rows after `row` (row r of its tile when kCol; stages ≤ kQRows /
-  // kRowWarps, so at most one tile ahead).
-  auto row_after = [&](int64_t row, int r) -> int64_t {
-    if constexpr (kCol) {
-      const int next = r + stages * kRowWarps;
-      return next < kQRows ? row + stages * kRowWarps
-                           : row - r + int64_t(gridDim.x) * kQRows + (next - kQRows);
-    } else {
-      return row + stages * step;
-    }
-  };
-  if (lane == 0) {
-    const int64_t first =
-        kCol ? int64_t(blockIdx.x) * kQRows + wid : int64_t(blockIdx.x) * kRowWarps + wid;
-    for (int s = 0; s < stages; ++s) fill(s, first + s * (kCol ? kRowWarps : step));
-  }
+  const RowStream<kCol> rows{x, n_rows, d, smem_addr(ring), bars, stages, kRowWarps, wid};
+  if (lane == 0) rows.prefill();
   for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
     Raw<8> wr;
     wr.load(w + 8 * i);
@@ -833,25 +839,14 @@ __global__ void __launch_bounds__(kRowThreads, 4)
     // Every lane has read the slot: it takes the warp's row `stages` rows later.
     __syncwarp();
     if (lane == 0) {
-      fill(pos.slot, row_after(row, r));
+      rows.fill(pos.slot, rows.row_after(row, r));
       if (rstd != nullptr) rstd[row] = rs;
     }
     pos.advance(stages);
   };
-  if constexpr (kCol) {
-    const int64_t n_tiles = (n_rows + kQRows - 1) / kQRows;
-    for (int64_t tile_no = blockIdx.x; tile_no < n_tiles; tile_no += gridDim.x) {
-      const int64_t n0 = tile_no * kQRows;
-      for (int r = wid; r < kQRows && n0 + r < n_rows; r += kRowWarps) do_row(n0 + r, r);
-      __syncthreads();  // the whole tile is staged
-      store_transposed<kQRows>(ep.qt, tile, pitch, n0, n_rows, 0, d, vec_t);
-      __syncthreads();  // before the next tile is staged over it
-    }
-  } else {
-    for (int64_t row = int64_t(blockIdx.x) * kRowWarps + wid; row < n_rows; row += step) {
-      do_row(row, 0);
-    }
-  }
+  rows.for_each_row(do_row, [&](int64_t n0) {
+    store_transposed<kQRows>(ep.qt, tile, pitch, n0, n_rows, 0, d, vec_t);
+  });
   fp8_epilogue_finish(local_amax, scale, ep);
 }
 
