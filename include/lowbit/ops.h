@@ -35,7 +35,8 @@ void embedding_fwd(Context& ctx, const TensorView& out, const TensorView& tokens
                    const TensorView& table, const TensorView& sort_plan = TensorView());
 // dtable [V, D] f32 += scatter of dout [N, D] bf16 by tokens [N] i32 (deterministic order).
 // sort_plan, optional: the plan embedding_fwd filled from these same tokens (the GPU then does
-// not sort; the CPU checks that it matches them).
+// not sort; the CPU checks that it matches them). On the GPU a plan from other tokens is not
+// detected and gives undefined results.
 void embedding_bwd(Context& ctx, const TensorView& dtable, const TensorView& tokens,
                    const TensorView& dout, const TensorView& sort_plan = TensorView());
 

@@ -36,6 +36,9 @@ void check_plan(const char* op, const TensorView& plan, const TensorView& tokens
   LOWBIT_USER_CHECK(plan.size(0) == 2 && plan.size(1) == tokens.size(0),
                     "{}: sort_plan must be [2, N] = [2, {}] for tokens [N]; got {}", op,
                     tokens.size(0), plan.str());
+  LOWBIT_USER_CHECK(tokens.size(0) < (int64_t(1) << 31),
+                    "{}: a sort plan holds i32 positions; {} tokens are too many (pass none)", op,
+                    tokens.size(0));
 }
 
 }  // namespace

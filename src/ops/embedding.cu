@@ -376,10 +376,6 @@ int grid_for(int64_t items) {
 
 size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
 
-}  // namespace
-
-namespace {
-
 // Whether the merge-rank sort takes these tokens: up to kEmbeddingBwdMergeRankMaxRows whose keys
 // fit one block's shared memory (4 bytes per token, rounded up to whole segments: 227 KiB on
 // sm_90, 99 KiB on sm_120); kMergeRank past that is an error.
@@ -390,7 +386,7 @@ bool use_merge_rank(Context& ctx, int64_t n_rows, EmbeddingSort sort) {
       sort == EmbeddingSort::kMergeRank ||
       (sort == EmbeddingSort::kAuto && n_rows <= kEmbeddingBwdMergeRankMaxRows && rank_fits);
   LOWBIT_CHECK(!merge_rank || (n_rows <= kEmbeddingBwdMergeRankMaxRows && rank_fits),
-               "embedding_bwd: the merge-rank sort takes at most {} tokens whose keys fit the "
+               "embedding: the merge-rank sort takes at most {} tokens whose keys fit the "
                "GPU's shared memory per block; {} tokens need {} bytes (use EmbeddingSort::kAuto)",
                kEmbeddingBwdMergeRankMaxRows, n_rows, rank_bytes);
   return merge_rank;
@@ -417,11 +413,13 @@ size_t sort_scratch_bytes(bool merge_rank, int64_t n_rows, int64_t vocab) {
 }
 
 // Step 1 on stream s: keys_out [N] (token keys, V for an out-of-range token) stably sorted,
-// vals_out [N] their positions, using `scratch` (sort_scratch_bytes). With the merge-rank sort,
-// `prefetch_bytes` > 0 of `prefetch` are asked of the L2 by blocks beside its first kernel.
+// vals_out [N] their positions, using `scratch` (scratch_bytes = sort_scratch_bytes). With the
+// merge-rank sort, `prefetch_bytes` > 0 of `prefetch` are asked of the L2 by blocks beside its
+// first kernel.
 void sort_tokens(Context& ctx, cudaStream_t s, bool merge_rank, uint8_t* scratch,
-                 uint32_t* keys_out, int32_t* vals_out, const TensorView& tokens, int64_t vocab,
-                 const void* prefetch = nullptr, int64_t prefetch_bytes = 0) {
+                 size_t scratch_bytes, uint32_t* keys_out, int32_t* vals_out,
+                 const TensorView& tokens, int64_t vocab, const void* prefetch = nullptr,
+                 int64_t prefetch_bytes = 0) {
   const int64_t n_rows = tokens.size(0);
   const int end_bit = key_bits(vocab);
   const int n = int(n_rows);
@@ -441,7 +439,7 @@ void sort_tokens(Context& ctx, cudaStream_t s, bool merge_rank, uint8_t* scratch
     LOWBIT_CUDA_CHECK_LAUNCH();
     return;
   }
-  size_t cub_bytes = sort_scratch_bytes(false, n_rows, vocab) - 2 * arr;
+  size_t cub_bytes = scratch_bytes - 2 * arr;
   pdl::launch(embedding_keys_kernel, int(ceil_div(n_rows, kThreads)), kThreads, 0, s, keys_in,
               vals_in, tokens.ptr<const int32_t>(), n_rows, vocab);
   LOWBIT_CUDA_CHECK_LAUNCH();
@@ -471,15 +469,28 @@ void embedding_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& t
   const uint16_t* t = table.ptr<const uint16_t>();
   const bool vec = d % 8 == 0 && aligned16(o) && aligned16(t);
   cudaStream_t s = ctx.stream();
+  // When a launch throws after the fork, the side stream is still joined into the main one as
+  // the exception leaves (queued side work must not outlive the call that owns its buffers); a
+  // failure of that join is not reported over the exception already on its way.
+  struct SideJoin {
+    Context* ctx = nullptr;
+    ~SideJoin() {
+      if (ctx == nullptr) return;
+      try {
+        ctx->join_side();
+      } catch (...) {
+      }
+    }
+  } join;
   if (sort_plan.data != nullptr) {
-    // The sort (latency-bound, a few SMs) on the side stream beside the gather; joined before
-    // returning.
+    // The sort (latency-bound, a few SMs) on the side stream beside the gather.
     check_token_range(n_rows, vocab);
     const bool merge_rank = use_merge_rank(ctx, n_rows, sort);
-    uint8_t* scratch =
-        static_cast<uint8_t*>(ctx.workspace(sort_scratch_bytes(merge_rank, n_rows, vocab)));
+    const size_t scratch_bytes = sort_scratch_bytes(merge_rank, n_rows, vocab);
+    uint8_t* scratch = static_cast<uint8_t*>(ctx.workspace(scratch_bytes));
     ctx.fork_side();
-    sort_tokens(ctx, ctx.side_stream(), merge_rank, scratch, plan_keys(sort_plan),
+    join.ctx = &ctx;
+    sort_tokens(ctx, ctx.side_stream(), merge_rank, scratch, scratch_bytes, plan_keys(sort_plan),
                 plan_vals(sort_plan), tokens, vocab);
   }
   if (vec) {
@@ -490,7 +501,10 @@ void embedding_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& t
                 tokens.ptr<const int32_t>(), t, n_rows, d, vocab);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
-  if (sort_plan.data != nullptr) ctx.join_side();
+  if (join.ctx != nullptr) {
+    join.ctx = nullptr;
+    ctx.join_side();
+  }
 }
 
 void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView& tokens,
@@ -511,8 +525,8 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
   } else {
     // Workspace: slots, the sorted pairs, the sort's scratch.
     const bool merge_rank = use_merge_rank(ctx, n_rows, sort);
-    uint8_t* ws = static_cast<uint8_t*>(
-        ctx.workspace(slot_bytes + 2 * arr + sort_scratch_bytes(merge_rank, n_rows, vocab)));
+    const size_t scratch_bytes = sort_scratch_bytes(merge_rank, n_rows, vocab);
+    uint8_t* ws = static_cast<uint8_t*>(ctx.workspace(slot_bytes + 2 * arr + scratch_bytes));
     slots = reinterpret_cast<float*>(ws);
     uint32_t* keys = reinterpret_cast<uint32_t*>(ws + slot_bytes);
     int32_t* vals = reinterpret_cast<int32_t*>(ws + slot_bytes + arr);
@@ -523,8 +537,8 @@ void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView
     const bool prefetch =
         aligned16(dout.data) &&
         2 * dout_bytes <= cached_device_attr(ctx.device().index, cudaDevAttrL2CacheSize);
-    sort_tokens(ctx, s, merge_rank, ws + slot_bytes + 2 * arr, keys, vals, tokens, vocab, dout.data,
-                prefetch ? dout_bytes : 0);
+    sort_tokens(ctx, s, merge_rank, ws + slot_bytes + 2 * arr, scratch_bytes, keys, vals, tokens,
+                vocab, dout.data, prefetch ? dout_bytes : 0);
     keys_out = keys;
     vals_out = vals;
   }

@@ -28,8 +28,9 @@ void embedding_bwd_cpu(const TensorView& dtable, const TensorView& tokens, const
 // skipped) — and row 1 their positions. The CPU twin writes and checks the same contents.
 void embedding_sort_plan_cpu(const TensorView& plan, const TensorView& tokens, int64_t vocab);
 
-// CUDA (embedding.cu), bf16 only, on ctx.stream(). Out-of-range tokens give NaN rows in the
-// forward and are skipped by the backward.
+// CUDA (embedding.cu), bf16 only, on ctx.stream() (the forward's sort: on its side stream,
+// joined before returning). Out-of-range tokens give NaN rows in the forward and are skipped by
+// the backward.
 // How the (token, position) pairs are sorted on the GPU. Both sorts are stable, so they give
 // the same sequence and the same output bits; kAuto takes the merge-rank sort up to
 // kEmbeddingBwdMergeRankMaxRows tokens and the radix sort beyond. Tests force one or the other.
