@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <utility>
 
 #include "lowbit/core/allocator.h"
 #include "lowbit/core/cuda_check.h"
@@ -102,16 +103,31 @@ CUstream_st* Context::side_stream() {
   return side_;
 }
 
-void Context::fork_side() {
-  cudaStream_t side = side_stream();
-  LOWBIT_CUDA_CHECK(cudaEventRecord(fork_event_, stream_));
-  LOWBIT_CUDA_CHECK(cudaStreamWaitEvent(side, fork_event_, 0));
+Context::SideFork::SideFork(Context& ctx) : ctx_(&ctx) {
+  cudaStream_t side = ctx.side_stream();
+  LOWBIT_CUDA_CHECK(cudaEventRecord(ctx.fork_event_, ctx.stream_));
+  LOWBIT_CUDA_CHECK(cudaStreamWaitEvent(side, ctx.fork_event_, 0));
 }
 
-void Context::join_side() {
-  LOWBIT_CHECK(side_ != nullptr, "join_side without a side stream (fork_side first)");
-  LOWBIT_CUDA_CHECK(cudaEventRecord(join_event_, side_));
-  LOWBIT_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
+CUstream_st* Context::SideFork::stream() const {
+  LOWBIT_CHECK(ctx_ != nullptr, "SideFork::stream after join");
+  return ctx_->side_;
+}
+
+void Context::SideFork::join() {
+  if (ctx_ == nullptr) return;
+  Context& ctx = *std::exchange(ctx_, nullptr);
+  LOWBIT_CUDA_CHECK(cudaEventRecord(ctx.join_event_, ctx.side_));
+  LOWBIT_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream_, ctx.join_event_, 0));
+}
+
+// Reached with ctx_ set only when an exception left the scope before join(): a failure of this
+// join is not reported over the exception already on its way.
+Context::SideFork::~SideFork() {
+  try {
+    join();
+  } catch (...) {
+  }
 }
 
 cublasLtContext* Context::cublaslt() {

@@ -22,6 +22,8 @@
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
+#include <optional>
+
 #include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "ops/embedding_impl.h"
@@ -469,28 +471,15 @@ void embedding_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& t
   const uint16_t* t = table.ptr<const uint16_t>();
   const bool vec = d % 8 == 0 && aligned16(o) && aligned16(t);
   cudaStream_t s = ctx.stream();
-  // When a launch throws after the fork, the side stream is still joined into the main one as
-  // the exception leaves (queued side work must not outlive the call that owns its buffers); a
-  // failure of that join is not reported over the exception already on its way.
-  struct SideJoin {
-    Context* ctx = nullptr;
-    ~SideJoin() {
-      if (ctx == nullptr) return;
-      try {
-        ctx->join_side();
-      } catch (...) {
-      }
-    }
-  } join;
+  std::optional<Context::SideFork> side;
   if (sort_plan.data != nullptr) {
     // The sort (latency-bound, a few SMs) on the side stream beside the gather.
     check_token_range(n_rows, vocab);
     const bool merge_rank = use_merge_rank(ctx, n_rows, sort);
     const size_t scratch_bytes = sort_scratch_bytes(merge_rank, n_rows, vocab);
     uint8_t* scratch = static_cast<uint8_t*>(ctx.workspace(scratch_bytes));
-    ctx.fork_side();
-    join.ctx = &ctx;
-    sort_tokens(ctx, ctx.side_stream(), merge_rank, scratch, scratch_bytes, plan_keys(sort_plan),
+    side.emplace(ctx);
+    sort_tokens(ctx, side->stream(), merge_rank, scratch, scratch_bytes, plan_keys(sort_plan),
                 plan_vals(sort_plan), tokens, vocab);
   }
   if (vec) {
@@ -501,10 +490,7 @@ void embedding_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& t
                 tokens.ptr<const int32_t>(), t, n_rows, d, vocab);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
-  if (join.ctx != nullptr) {
-    join.ctx = nullptr;
-    ctx.join_side();
-  }
+  if (side) side->join();
 }
 
 void embedding_bwd_cuda(Context& ctx, const TensorView& dtable, const TensorView& tokens,

@@ -30,14 +30,25 @@ class Context {
   Device device() const { return device_; }
   bool on_gpu() const { return device_.is_cuda(); }
   CUstream_st* stream() const { return stream_; }  // cudaStream_t; null on the CPU
-  // A second stream of this device (high priority; created on first use, GPU only) for
-  // latency-bound work that can run beside the main stream's: fork_side() makes it wait for the
-  // main stream's work so far, join_side() makes the main stream wait for its work so far. An op
-  // that forks joins before it returns, so callers see one ordered stream.
-  CUstream_st* side_stream();
-  void fork_side();
-  void join_side();
-  cublasLtContext* cublaslt();  // created on first use
+  cublasLtContext* cublaslt();                     // created on first use
+  // Latency-bound work beside the main stream's, on a second stream of this device (high
+  // priority; created on first use, GPU only). Constructing a SideFork makes that stream wait
+  // for the main stream's work so far; join() makes the main stream wait for the side stream's
+  // work so far — also done by the destructor when an exception leaves the scope first, so that
+  // queued side work never outlives the call that owns its buffers. An op that forks joins
+  // before it returns: callers see one ordered stream.
+  class SideFork {
+   public:
+    explicit SideFork(Context& ctx);
+    ~SideFork();
+    SideFork(const SideFork&) = delete;
+    SideFork& operator=(const SideFork&) = delete;
+    CUstream_st* stream() const;  // the side stream (cudaStream_t)
+    void join();
+
+   private:
+    Context* ctx_;  // null once joined
+  };
   // Scratch memory of at least `bytes`, owned by the context, accounted as workspace.
   // Valid until the next call that asks for more.
   void* workspace(size_t bytes);
@@ -68,6 +79,7 @@ class Context {
 
  private:
   void release();
+  CUstream_st* side_stream();  // created on first use
   Device device_;
   CUstream_st* stream_ = nullptr;
   CUstream_st* side_ = nullptr;
