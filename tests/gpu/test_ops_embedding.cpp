@@ -137,6 +137,23 @@ TEST(GpuEmbedding, ForwardMatchesCpuBitForBit) {
   }
 }
 
+// The forward with a sort plan through the harness (guards around both outputs): the rows and
+// the plan equal the CPU twin's, for few and many distinct tokens.
+TEST(GpuEmbedding, ForwardWithSortPlanMatchesCpuBitForBit) {
+  for (const Shape2& s : kShapes) {
+    for (int64_t vocab : {7, 1000, 128256}) {
+      if (vocab == 128256 && s.n * s.d > 993 * 512) continue;  // a 200 MB table on the CPU
+      OpCase c = fwd_case(s, vocab, Fill::gaussian());
+      c.name += " with sort plan";
+      c.args.push_back(out("sort_plan", DType::kI32, {2, s.n}, Tol::exact()));
+      c.run = [](Context& ctx, const Args& a) {
+        embedding_fwd(ctx, a["out"], a["tokens"], a["table"], a["sort_plan"]);
+      };
+      EXPECT_TRUE(compare_cpu_gpu(c));
+    }
+  }
+}
+
 TEST(GpuEmbedding, BackwardMatchesCpuBitForBit) {
   for (const Shape2& s : kShapes) {
     for (const Fill& fill : standard_fills()) {
