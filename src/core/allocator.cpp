@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "lowbit/core/cuda_check.h"
 #include "lowbit/core/error.h"
 
 namespace lowbit {
@@ -104,6 +105,17 @@ void* cuda_take(Device dev, size_t rounded) {
   return p;
 }
 
+// LOWBIT_POISON_ALLOC=1 (for tests): every GPU allocation starts as 0xFF bytes, fresh or from
+// the cache, so that output a kernel leaves unwritten shows up as a difference instead of
+// reading as the zeros of a new cudaMalloc.
+bool poison_allocations() {
+  static const bool on = [] {
+    const char* e = std::getenv("LOWBIT_POISON_ALLOC");
+    return e != nullptr && e[0] == '1';
+  }();
+  return on;
+}
+
 }  // namespace
 
 std::string_view mem_category_name(MemCategory c) {
@@ -153,6 +165,15 @@ void* mem_alloc(Device dev, size_t bytes, MemCategory cat) {
           "model, batch or sequence length, or activation checkpointing",
           dev.str(), bytes / 1048576.0, mem_category_name(cat), cudaGetErrorString(err),
           in_use(dev)));
+    }
+    if (poison_allocations()) {
+      int prev = 0;
+      cudaGetDevice(&prev);
+      if (prev != dev.index) cudaSetDevice(dev.index);
+      // The legacy stream: ordered after the work of every context's (blocking) stream.
+      const cudaError_t e = cudaMemset(p, 0xFF, rounded);
+      if (prev != dev.index) cudaSetDevice(prev);
+      LOWBIT_CUDA_CHECK(e);
     }
   }
   account(dev, cat, static_cast<int64_t>(bytes));

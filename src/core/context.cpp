@@ -46,6 +46,7 @@ Context& Context::operator=(Context&& o) noexcept {
     cublaslt_ = std::exchange(o.cublaslt_, nullptr);
     workspace_ = std::exchange(o.workspace_, nullptr);
     workspace_bytes_ = std::exchange(o.workspace_bytes_, 0);
+    reduction_words_ = std::exchange(o.reduction_words_, nullptr);
     pinned_ = std::exchange(o.pinned_, nullptr);
     pinned_bytes_ = std::exchange(o.pinned_bytes_, 0);
     seed_ = o.seed_;
@@ -60,6 +61,12 @@ void Context::release() {
     mem_free(device_, workspace_, workspace_bytes_, MemCategory::kWorkspace);
     workspace_ = nullptr;
     workspace_bytes_ = 0;
+  }
+  if (reduction_words_ != nullptr) {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    mem_free(device_, reduction_words_, kReductionWords * sizeof(uint32_t),
+             MemCategory::kWorkspace);
+    reduction_words_ = nullptr;
   }
   if (pinned_ != nullptr) {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
@@ -148,6 +155,16 @@ void* Context::workspace(size_t bytes) {
     workspace_bytes_ = bytes;
   }
   return workspace_;
+}
+
+uint32_t* Context::reduction_words() {
+  LOWBIT_CHECK(on_gpu(), "reduction words requested on a CPU context");
+  if (reduction_words_ == nullptr) {
+    void* p = mem_alloc(device_, kReductionWords * sizeof(uint32_t), MemCategory::kWorkspace);
+    LOWBIT_CUDA_CHECK(cudaMemsetAsync(p, 0, kReductionWords * sizeof(uint32_t), stream_));
+    reduction_words_ = static_cast<uint32_t*>(p);
+  }
+  return reduction_words_;
 }
 
 void Context::read_back(const std::vector<HostCopy>& copies) {

@@ -210,6 +210,44 @@ __device__ __forceinline__ void block_amax_to_global(float local, float* out) {
   }
 }
 
+// Grid-wide max of N non-negative values per thread (amaxes: NaN already skipped, +inf kept)
+// without zeroed outputs: each block folds its maxima into acc[0 .. N) and counts itself in
+// acc[N]; in the last block to finish, thread 0 gets the grid's maxima in `out`, sets the words
+// back to zero and returns true (every other thread returns false). `acc`: N + 1 words that are
+// zero on entry — a Context's reduction_words(). Every thread of the block must call it.
+template <int N>
+__device__ __forceinline__ bool grid_max_last_block(const float (&local)[N], uint32_t* acc,
+                                                    float (&out)[N]) {
+  __shared__ float warp_amax[N][32];
+  __shared__ bool last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int v = 0; v < N; ++v) {
+    const float w = warp_max(local[v]);
+    if (lane == 0) warp_amax[v][warp] = w;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int v = 0; v < N; ++v) {
+      float a = 0.0f;
+      for (int w = 0; w < int((blockDim.x + 31) / 32); ++w) a = fmax_num(a, warp_amax[v][w]);
+      // Non-negative floats order as their bit patterns.
+      atomicMax(&acc[v], __float_as_uint(a));
+    }
+    __threadfence();  // the maxima are visible before this block counts as finished
+    last = atomicAdd(&acc[N], 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last || threadIdx.x != 0) return false;
+  __threadfence();
+  // Every other block's atomicMax precedes its count: the words hold the grid's maxima.
+#pragma unroll
+  for (int v = 0; v < N; ++v) out[v] = __uint_as_float(atomicExch(&acc[v], 0u));
+  acc[N] = 0u;
+  return true;
+}
+
 // Columnwise store of a tile of codes: tile [ROWS][pitch] bytes (ROWS a multiple of 32) holds
 // the codes of source rows m0 .. m0 + ROWS and columns k0 .. k0 + cols; writes
 // qt [K, M][k][m] = tile[m − m0][k − k0] for m < M. Task c → 4-column group cg, 16-row segment

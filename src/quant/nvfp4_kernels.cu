@@ -254,7 +254,11 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
 // no staging: the butterfly of rht16_apply_f32 (steps 1-2, same fp32 operations in the same
 // order) runs on each, max |y| is taken before the rounding to bf16 and rounded once at the end
 // (equal to the max over rounded values: see rht16_butterfly_f32). One atomic per block and
-// amax; the max is order-independent, so the result is deterministic.
+// amax; the max is order-independent, so the result is deterministic. With `acc` (the
+// Context's reduction words, acc [3]: row max bits, column max bits, finished blocks; zero on
+// entry and left zero) the blocks fold into acc and the last one writes *amax_row and *amax_col
+// (grid_max_last_block), so the outputs need no zeroing; without it they fold into the (zeroed)
+// outputs directly.
 // Preconditions (checked by the launcher): bf16, M % 16 == 0, K % 8 == 0, x 16-byte aligned.
 // 2 blocks per SM (128 registers, no spills; 1 block per SM compiled to 120-146 registers): the
 // 8192² two-pass quantization 0.182 → 0.170 ms on the H100 together with the quantize pass at 3
@@ -262,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 2) nvfp4_kernel(const T* __restrict_
 __global__ void __launch_bounds__(kThreads, 2)
     nvfp4_amax_v9_kernel(const uint16_t* __restrict__ x,  // [M, K] bf16
                          int64_t M, int64_t K, bool want_row, bool want_col, bool rht,
-                         float* amax_row, float* amax_col) {
+                         uint32_t* acc, float* amax_row, float* amax_col) {
   const int64_t k8 = K / 8, n_tasks = (M / 16) * k8;
   const int64_t task = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   float ra = 0.0f, ca = 0.0f;
@@ -306,8 +310,16 @@ __global__ void __launch_bounds__(kThreads, 2)
       ca = plain;
     }
   }
-  block_amax_to_global(ra, amax_row);
-  block_amax_to_global(ca, amax_col);
+  if (acc == nullptr) {
+    block_amax_to_global(ra, amax_row);
+    block_amax_to_global(ca, amax_col);
+    return;
+  }
+  float amax[2];
+  if (grid_max_last_block<2>({ra, ca}, acc, amax)) {
+    if (amax_row != nullptr) *amax_row = amax[0];
+    if (amax_col != nullptr) *amax_col = amax[1];
+  }
 }
 
 // ---- NVFP4 quantize pass, v10: 1×16 blocks, bf16 source, full 128×64 tiles ----------------------
@@ -955,9 +967,18 @@ unsigned nvfp4_v11_blocks(int64_t n_tiles) {
 template <typename T>
 void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool rht, bool sr,
            bool two_d, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale, uint8_t* qt,
-           uint8_t* qt_scale, float* amax_row, float* amax_col, bool amax_ready,
+           uint8_t* qt_scale, float* amax_row, float* amax_col, bool amax_ready, uint32_t* acc,
            cudaStream_t stream) {
-  if (M == 0 || K == 0) return;
+  if (M == 0 || K == 0) {
+    // The amax of no elements is 0.
+    if (!amax_ready && amax_row != nullptr) {
+      LOWBIT_CUDA_CHECK(cudaMemsetAsync(amax_row, 0, 4, stream));
+    }
+    if (!amax_ready && amax_col != nullptr) {
+      LOWBIT_CUDA_CHECK(cudaMemsetAsync(amax_col, 0, 4, stream));
+    }
+    return;
+  }
   const dim3 grid(unsigned(ceil_div(M, kT)), unsigned(ceil_div(K, kT)));
   Nvfp4Args a{M,       K, rowwise, columnwise, rht,      sr,       two_d,   row_key,
               col_key, q, q_scale, qt,         qt_scale, amax_row, amax_col};
@@ -979,11 +1000,18 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
   if (!amax_ready) {
     const bool v9_amax = v9 && std::is_same_v<T, uint16_t> && M % 16 == 0 && K % 8 == 0 &&
                          reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    // v12 folds the blocks' maxima into the reduction words (LOWBIT_QUANT_KERNELS=v11: into the
+    // outputs). Without reduction words, or off the v9 path, the outputs are zeroed first.
+    if (version < 12) acc = nullptr;
+    if (!v9_amax || acc == nullptr) {
+      if (amax_row != nullptr) LOWBIT_CUDA_CHECK(cudaMemsetAsync(amax_row, 0, 4, stream));
+      if (amax_col != nullptr) LOWBIT_CUDA_CHECK(cudaMemsetAsync(amax_col, 0, 4, stream));
+    }
     if (v9_amax) {
       const int64_t n_tasks = (M / 16) * (K / 8);
       nvfp4_amax_v9_kernel<<<unsigned(ceil_div(n_tasks, int64_t(kThreads))), kThreads, 0, stream>>>(
           reinterpret_cast<const uint16_t*>(x), M, K, rowwise || two_d, columnwise && !two_d, rht,
-          amax_row, amax_col);
+          acc, amax_row, amax_col);
     } else {
       set_smem(amax_pass);
       amax_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);
@@ -1022,7 +1050,7 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
 
 #define LOWBIT_INSTANTIATE(T)                                                                      \
   template void nvfp4<T>(const T*, int64_t, int64_t, bool, bool, bool, bool, bool, RngKey, RngKey, \
-                         uint8_t*, uint8_t*, uint8_t*, uint8_t*, float*, float*, bool,             \
+                         uint8_t*, uint8_t*, uint8_t*, uint8_t*, float*, float*, bool, uint32_t*,  \
                          cudaStream_t);
 LOWBIT_INSTANTIATE(uint16_t)
 LOWBIT_INSTANTIATE(float)

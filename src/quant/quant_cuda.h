@@ -21,9 +21,11 @@ namespace lowbit::quant_cuda {
 // Kernel generation, chosen once per process for A/B runs on hardware (bench/NOTES-quant.md):
 // LOWBIT_QUANT_KERNELS=v8 selects the v8 kernels (FP8 block scaling, the NVFP4 amax and quantize
 // passes, MX), =v9 the v9 ones (v10's NVFP4 quantize pass and MXFP8 kernel off), =v10 the v10
-// ones (v11's NVFP4 quantize pass off), anything else the current ones. Results are
-// byte-identical either way.
-int quant_kernels_version();  // 8, 9, 10 or 11 (default)
+// ones (v11's NVFP4 quantize pass off), =v11 the v11 ones (FP8 current scaling by an amax
+// kernel, a scale kernel and the cast instead of v12's amax_scale and the cast; the NVFP4 amax
+// pass folding into zeroed outputs instead of the reduction words), anything else the current
+// ones. Results are byte-identical either way.
+int quant_kernels_version();  // 8, 9, 10, 11 or 12 (default)
 bool legacy_kernels();        // quant_kernels_version() == 8
 
 // *amax_out = max(*amax_out, max |x|) over n elements (NaN skipped).
@@ -35,6 +37,15 @@ void amax(const T* x, int64_t n, float* amax_out, cudaStream_t stream);
 struct Bf16RoundedF32;
 // y [n] bf16 = RN_bf16(x [n] f32).
 void round_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
+
+// FP8 current scaling's first pass over x [M, K] (M, K > 0): *amax_out = max |x| (NaN skipped),
+// *scale = compute_scale_from_amax(amax, fmax, pow2, eps), *scale_inv = RN(1/scale), all
+// written by the kernel's last block (no zeroing needed). `acc` [2]: Context::reduction_words()
+// (zero on entry, left zero). Reads x in the reverse of fp8_cast_transpose's tile order, so the
+// cast that follows finds its first tiles in the L2.
+template <typename T>
+void amax_scale(const T* x, int64_t M, int64_t K, float fmax, bool pow2, float eps, uint32_t* acc,
+                float* amax_out, float* scale, float* scale_inv, cudaStream_t stream);
 
 // FP8 current scaling: scale = compute_scale_from_amax(*amax), scale_inv = RN(1/scale).
 void current_scale(const float* amax, float fmax, bool pow2, float eps, float* scale,
@@ -67,13 +78,14 @@ void device_synchronize();
 // NVFP4 (E2M1 + UE4M3 per 16 + fp32 global amax): rowwise q [M, K/2 bytes] with scales
 // [M, K/16]; columnwise qt [K, M/2 bytes] (transposed, RHT'd when `rht`) with scales [K, M/16].
 // two_d: one scale per 16×16 tile, columnwise = exact transpose. Unless `amax_ready`, amax_row /
-// amax_col are zeroed by the caller and receive the global amaxes from an amax pass over x;
-// with `amax_ready` they already hold them (computed by the producer of x, e.g. in its epilogue)
-// and the source is read once.
+// amax_col receive the global amaxes from an amax pass over x (no zeroing needed: the launcher
+// zeroes them where its kernel folds into them); with `amax_ready` they already hold them
+// (computed by the producer of x, e.g. in its epilogue) and the source is read once. `acc`:
+// Context::reduction_words() or null (then the amax pass costs two small memsets more).
 template <typename T>
 void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool rht, bool sr,
            bool two_d, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale, uint8_t* qt,
-           uint8_t* qt_scale, float* amax_row, float* amax_col, bool amax_ready,
+           uint8_t* qt_scale, float* amax_row, float* amax_col, bool amax_ready, uint32_t* acc,
            cudaStream_t stream);
 
 // MX (E8M0 per 32): rowwise q [M, K] with scales [M, K/32]; columnwise qc [M, K] (not

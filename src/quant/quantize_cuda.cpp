@@ -22,15 +22,19 @@ Tensor zeros_on(Context& ctx, Shape shape, DType t, MemCategory cat) {
 Tensor alloc_copy_data(Context& ctx, const QuantizedTensor& out, Usage u, Tensor* scale) {
   const QuantLayout l = quant_layout(out.mode, out.dtype, out.shape[0], out.shape[1], u);
   Tensor data = Tensor::empty(l.data_shape, l.data_dtype, ctx.device(), MemCategory::kActivations);
-  // Block scales are zeroed: the layouts pad to multiples of 4 (and the kernels skip the
-  // padding). Per-tensor scaling sets its own one-element scale_inv (run_per_tensor).
-  if (out.mode != ScalingMode::kPerTensor) {
+  // FP8 block scales are zeroed: their layouts pad to multiples of 4 (and the kernels skip the
+  // padding). MX and NVFP4 layouts are compact and their kernels write every scale (the GPU
+  // tests run with LOWBIT_POISON_ALLOC=1 to prove it), so they skip the fill. Per-tensor scaling
+  // sets its own one-element scale_inv (run_per_tensor).
+  if (out.mode == ScalingMode::kBlock1x128 || out.mode == ScalingMode::kBlock128x128) {
     *scale = zeros_on(ctx, l.scale_shape, l.scale_dtype, MemCategory::kActivations);
+  } else if (out.mode != ScalingMode::kPerTensor) {
+    *scale = Tensor::empty(l.scale_shape, l.scale_dtype, ctx.device(), MemCategory::kActivations);
   }
   return data;
 }
 
-// The payload tensors cfg asks for, with their (zeroed) scale tensors.
+// The payload tensors cfg asks for, with their scale tensors.
 void alloc_copies(Context& ctx, const QuantConfig& cfg, QuantizedTensor& out) {
   if (cfg.rowwise) {
     out.rowwise_data = alloc_copy_data(ctx, out, Usage::kRowwise, &out.rowwise_scale_inv);
@@ -56,13 +60,26 @@ void run_per_tensor(Context& ctx, const TensorView& x, const QuantConfig& cfg,
   LOWBIT_USER_CHECK(!cfg.stochastic_rounding,
                     "stochastic rounding of per-tensor FP8 is not implemented on the GPU; "
                     "it is available for NVFP4 and MX payloads");
-  out.amax = zeros_on(ctx, {1}, DType::kF32, MemCategory::kWorkspace);
+  // v12 current scaling on a non-empty source: amax, scale and scale_inv all come from the
+  // last block of quant_cuda::amax_scale, so nothing is zeroed first.
+  const bool one_pass_scale =
+      cfg.delayed == nullptr && m * k > 0 && quant_cuda::quant_kernels_version() >= 12;
+  out.amax = one_pass_scale ? Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace)
+                            : zeros_on(ctx, {1}, DType::kF32, MemCategory::kWorkspace);
   // Written by the cast kernel (delayed) or the scale kernel (current): no fill needed.
   Tensor scale_inv = m * k > 0 ? Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace)
                                : zeros_on(ctx, {1}, DType::kF32, MemCategory::kWorkspace);
   const float* scale_ptr;
   Tensor scale;
-  if (cfg.delayed != nullptr) {
+  float* cast_scale_inv = scale_inv.ptr<float>();
+  if (one_pass_scale) {
+    scale = Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace);
+    quant_cuda::amax_scale(src, m, k, fmax, cfg.effective_pow2(), cfg.amax_epsilon,
+                           ctx.reduction_words(), out.amax.ptr<float>(), scale.ptr<float>(),
+                           scale_inv.ptr<float>(), stream);
+    scale_ptr = scale.ptr<float>();
+    cast_scale_inv = nullptr;  // already written
+  } else if (cfg.delayed != nullptr) {
     LOWBIT_USER_CHECK(cfg.delayed->scale().device() == dev,
                       "delayed scaling: the state lives on {} but the tensor on {}; create "
                       "the DelayedScalingState on the tensor's device",
@@ -82,8 +99,7 @@ void run_per_tensor(Context& ctx, const TensorView& x, const QuantConfig& cfg,
   float* row0 = cfg.delayed != nullptr ? cfg.delayed->amax_history().ptr<float>() + cfg.delayed_slot
                                        : nullptr;
   quant_cuda::fp8_cast_transpose(src, m, k, scale_ptr, e5m2, u8(out.rowwise_data),
-                                 u8(out.columnwise_data), scale_inv.ptr<float>(), amax_out, row0,
-                                 stream);
+                                 u8(out.columnwise_data), cast_scale_inv, amax_out, row0, stream);
   // Both copies share the one scale (the tensor is read-only from here on).
   if (cfg.rowwise) out.rowwise_scale_inv = scale_inv;
   if (cfg.columnwise) out.columnwise_scale_inv = scale_inv;
@@ -129,14 +145,15 @@ void run(Context& ctx, const TensorView& x, const QuantConfig& cfg, const QuantS
       LOWBIT_USER_CHECK(!rht || x.dtype == DType::kBF16,
                         "the Hadamard transform takes bf16 input (formats.md §5.2); got {}",
                         dtype_name(x.dtype));
-      Tensor amax_row = zeros_on(ctx, {1}, DType::kF32, MemCategory::kWorkspace);
-      Tensor amax_col = zeros_on(ctx, {1}, DType::kF32, MemCategory::kWorkspace);
+      // Written by the amax pass (quant_cuda::nvfp4 zeroes them where its kernel needs it).
+      Tensor amax_row = Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace);
+      Tensor amax_col = Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace);
       // The 2D transposed copy reuses the rowwise tile scales: write them even when only the
       // columnwise copy is asked for.
       quant_cuda::nvfp4(src, m, k, cfg.rowwise, cfg.columnwise, rht, streams.stochastic, two_d,
                         streams.rowwise, streams.columnwise, u8(out.rowwise_data), u8(*rs),
                         u8(out.columnwise_data), u8(*cs), amax_row.ptr<float>(),
-                        amax_col.ptr<float>(), false, stream);
+                        amax_col.ptr<float>(), false, ctx.reduction_words(), stream);
       if (cfg.rowwise) out.amax = amax_row;
       if (cfg.columnwise) {
         out.columnwise_amax = two_d ? Tensor::copy_of(amax_row.view(), dev) : amax_col;

@@ -297,6 +297,67 @@ TEST_F(GpuQuant, RoundedF32SourceMatchesCpuTwin) {
   }
 }
 
+// FP8 current scaling keeps its grid-wide max and block count in the Context's reduction words
+// and sets them back to zero in its last block: many conversions queued back to back on one
+// context (no synchronisation between them; all-zero, NaN/inf, subnormal and huge sources, f32
+// and bf16, partial tiles and several tiles per block, amax epsilon and power-of-two scales) must
+// each match the CPU twin — a word left non-zero would leak one tensor's amax into the next.
+TEST_F(GpuQuant, CurrentScalingBackToBackOnOneContextMatchesCpuTwin) {
+  struct Item {
+    int64_t m, k;
+    Fill fill;
+    bool f32;
+    QuantConfig cfg;
+  };
+  QuantConfig eps = QuantConfig::fp8_current(DType::kE4M3);
+  eps.amax_epsilon = 1e-30f;
+  QuantConfig e5 = QuantConfig::fp8_current(DType::kE5M2, true);
+  QuantConfig rowwise_only = QuantConfig::fp8_current(DType::kE4M3);
+  rowwise_only.columnwise = false;
+  const QuantConfig e4 = QuantConfig::fp8_current(DType::kE4M3);
+  const std::vector<Item> items = {
+      {4096, 2048, Fill::kHeavyTail, false, e4},  // more tiles than resident blocks
+      {1, 16, Fill::kNormal, false, e4},         {65, 80, Fill::kZeros, false, e4},
+      {65, 80, Fill::kZeros, false, eps},        {993, 512, Fill::kSpecials, false, e5},
+      {128, 256, Fill::kSubnormal, false, e4},   {192, 384, Fill::kNearMax, true, e4},
+      {4096, 2048, Fill::kNormal, false, e4},    {96, 160, Fill::kNormal, true, rowwise_only},
+      {64, 128, Fill::kWideRange, false, e5},    {1024, 1024, Fill::kSpecials, true, eps},
+  };
+  Context cpu_ctx(Device::cpu());
+  Context gpu_ctx(Device::cuda(0));
+  std::vector<Tensor> keep;  // the GPU sources stay alive until the queue has run
+  std::vector<QuantizedTensor> got(items.size()), want(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    const Tensor b = make_source(it.m, it.k, it.fill, 40 + i);
+    Tensor src = b;
+    if (it.f32) {
+      src = Tensor::empty({it.m, it.k}, DType::kF32, Device::cpu());
+      for (int64_t j = 0; j < it.m * it.k; ++j) {
+        src.ptr<float>()[j] = bf16_to_f32(b.ptr<uint16_t>()[j]) * 1.001f;
+      }
+    }
+    quantize(cpu_ctx, src.view(), it.cfg, want[i]);
+    keep.push_back(Tensor::copy_of(src.view(), Device::cuda(0)));
+    quantize(gpu_ctx, keep.back().view(), it.cfg, got[i]);
+  }
+  gpu_ctx.synchronize();
+  for (size_t i = 0; i < items.size(); ++i) {
+    SCOPED_TRACE(fmt::format("item {}: {}x{} {}{}", i, items[i].m, items[i].k,
+                             fill_name(items[i].fill), items[i].f32 ? " f32" : ""));
+    got[i].validate();
+    for (const std::string& err :
+         {compare_bytes("rowwise_data", want[i].rowwise_data, got[i].rowwise_data),
+          compare_bytes("rowwise_scale_inv", want[i].rowwise_scale_inv, got[i].rowwise_scale_inv),
+          compare_bytes("columnwise_data", want[i].columnwise_data, got[i].columnwise_data),
+          compare_bytes("columnwise_scale_inv", want[i].columnwise_scale_inv,
+                        got[i].columnwise_scale_inv),
+          compare_bytes("amax", want[i].amax, got[i].amax)}) {
+      EXPECT_TRUE(err.empty()) << err;
+    }
+  }
+}
+
 TEST_F(GpuQuant, InvalidShapesAreRejectedLikeOnTheCpu) {
   Tensor src = make_source(65, 80, Fill::kNormal, 1);
   Tensor src_gpu = Tensor::copy_of(src.view(), Device::cuda(0));

@@ -53,6 +53,13 @@ class Context {
   // Valid until the next call that asks for more.
   void* workspace(size_t bytes);
   size_t workspace_bytes() const { return workspace_bytes_; }
+  // kReductionWords u32 words of device memory that are zero whenever no kernel of this
+  // context's stream is running: a kernel may use them for a grid-wide reduction (accumulate,
+  // count the finished blocks; the last block reads the result) provided that last block sets
+  // them back to zero. For kernels on the main stream only (one such kernel at a time). GPU only;
+  // allocated and zeroed on first use.
+  static constexpr int kReductionWords = 16;
+  uint32_t* reduction_words();
   void synchronize() const;
 
   // Small device results read back to the host: each copy's `src` (contiguous, on this
@@ -88,7 +95,8 @@ class Context {
   cublasLtContext* cublaslt_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  void* pinned_ = nullptr;  // read_back's staging buffer (page-locked host memory)
+  uint32_t* reduction_words_ = nullptr;  // [kReductionWords], see reduction_words()
+  void* pinned_ = nullptr;               // read_back's staging buffer (page-locked host memory)
   size_t pinned_bytes_ = 0;
   uint64_t seed_ = 0x5EEDu;
   uint64_t next_offset_ = 0;
