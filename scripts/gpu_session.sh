@@ -12,7 +12,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 date -u +%Y-%m-%dT%H:%M:%SZ >> "$out/device.txt"
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  "$bin/lowbit_gpu_tests" --gtest_color=no 2>&1 | tee "$out/gpu_tests.log" | grep -E '^\[ *(OK|FAILED|PASSED) |Failure|differ' | head -60
+  # Device allocations start as 0xFF bytes: output a kernel leaves unwritten shows up.
+  LOWBIT_POISON_ALLOC=1 "$bin/lowbit_gpu_tests" --gtest_color=no 2>&1 | tee "$out/gpu_tests.log" | grep -E '^\[ *(OK|FAILED|PASSED) |Failure|differ' | head -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
