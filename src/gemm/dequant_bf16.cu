@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/pdl.cuh"
 #include "gemm/gemm_cuda_kernels.h"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/formats.h"
@@ -78,18 +79,45 @@ __global__ void dequant_kernel(const uint8_t* __restrict__ codes, DType t, int64
 // chunks): chunk i holds elements 16i .. 16i + 15 of the row-major array, so its codes, its
 // output and (rowwise layouts) its scale follow from i alone — no division except the row of the
 // column-wise MX layout. Codes 8 (E2M1) or 16 (FP8) bytes per chunk, output 32 bytes.
-template <DequantScales kLayout, bool kFp4>
-__global__ void __launch_bounds__(kThreads)
-    dequant16_kernel(const uint8_t* __restrict__ codes, DType t, uint32_t chunks,
-                     uint32_t chunks_per_row, uint32_t cols, const uint8_t* __restrict__ scales,
-                     uint16_t* __restrict__ out) {
-  __shared__ float lut[256];
-  for (int i = threadIdx.x; i < (kFp4 ? 16 : 256); i += blockDim.x) {
-    lut[i] = decode(t, static_cast<uint32_t>(i));
+struct Chunks16 {
+  const uint8_t* codes = nullptr;
+  const uint8_t* scales = nullptr;
+  uint16_t* out = nullptr;
+  uint32_t chunks = 0, chunks_per_row = 0, cols = 0;
+  DType t = DType::kE2M1;
+  DequantScales layout = DequantScales::kNvfp4;
+};
+
+// alpha' and beta of the NVFP4 fold (dequant_pair_to_bf16); out == null: nothing to compute.
+struct AlphaArgs {
+  float alpha = 1.0f, beta = 0.0f;
+  const float* amax_a = nullptr;
+  const float* amax_b = nullptr;
+  float* out = nullptr;
+};
+
+__device__ void write_nvfp4_alpha(const AlphaArgs& al) {
+  float a = al.alpha;
+  float inv = 1.0f;
+  if (al.amax_a != nullptr) a = mul_rn(a, *al.amax_a);
+  if (al.amax_b != nullptr) a = mul_rn(a, *al.amax_b);
+  if (al.amax_a != nullptr && al.amax_b != nullptr) {
+    inv = __frcp_rn(7225344.0f);  // RN(1 / (6·6·448·448))
+  } else if (al.amax_a != nullptr || al.amax_b != nullptr) {
+    inv = __frcp_rn(2688.0f);  // RN(1 / (6·448))
   }
-  __syncthreads();
-  for (uint32_t ch = blockIdx.x * blockDim.x + threadIdx.x; ch < chunks;
-       ch += gridDim.x * blockDim.x) {
+  al.out[0] = (al.amax_a != nullptr || al.amax_b != nullptr) ? mul_rn(a, inv) : a;
+  al.out[1] = al.beta;
+}
+
+// Chunks first, first + stride, … of job j; lut holds the decoded codes of j.t.
+template <DequantScales kLayout, bool kFp4>
+__device__ __forceinline__ void dequant16_run(const Chunks16& j, const float* lut, uint32_t first,
+                                              uint32_t stride) {
+  const uint8_t* __restrict__ codes = j.codes;
+  const uint8_t* __restrict__ scales = j.scales;
+  uint16_t* __restrict__ out = j.out;
+  for (uint32_t ch = first; ch < j.chunks; ch += stride) {
     uint32_t code[16];
     if constexpr (kFp4) {
       const uint2 w = *reinterpret_cast<const uint2*>(codes + size_t(ch) * 8);  // even low
@@ -104,8 +132,8 @@ __global__ void __launch_bounds__(kThreads)
     float f[16];
     if constexpr (kLayout == DequantScales::kMxColumnwise) {
       // [rows/32, cols]: the 16 columns' scales of this chunk's 32-row group, one 16-byte load.
-      const uint32_t r = ch / chunks_per_row, c0 = (ch - r * chunks_per_row) * 16;
-      const uint4 sv = *reinterpret_cast<const uint4*>(scales + size_t(r / 32) * cols + c0);
+      const uint32_t r = ch / j.chunks_per_row, c0 = (ch - r * j.chunks_per_row) * 16;
+      const uint4 sv = *reinterpret_cast<const uint4*>(scales + size_t(r / 32) * j.cols + c0);
       const uint32_t ss[4] = {sv.x, sv.y, sv.z, sv.w};
 #pragma unroll
       for (int i = 0; i < 16; ++i) f[i] = decode_e8m0((ss[i >> 2] >> (8 * (i & 3))) & 0xFFu);
@@ -132,27 +160,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <DequantScales kLayout>
-void launch_dequant16(bool fp4, int grid, cudaStream_t stream, const uint8_t* codes, DType t,
-                      uint32_t chunks, uint32_t chunks_per_row, uint32_t cols,
-                      const uint8_t* scales, uint16_t* out) {
-  auto kernel = fp4 ? dequant16_kernel<kLayout, true> : dequant16_kernel<kLayout, false>;
-  kernel<<<grid, kThreads, 0, stream>>>(codes, t, chunks, chunks_per_row, cols, scales, out);
-}
-
-__global__ void nvfp4_alpha_kernel(float alpha, float beta, const float* amax_a,
-                                   const float* amax_b, float* out) {
-  float a = alpha;
-  float inv = 1.0f;
-  if (amax_a != nullptr) a = mul_rn(a, *amax_a);
-  if (amax_b != nullptr) a = mul_rn(a, *amax_b);
-  if (amax_a != nullptr && amax_b != nullptr) {
-    inv = __frcp_rn(7225344.0f);  // RN(1 / (6·6·448·448))
-  } else if (amax_a != nullptr || amax_b != nullptr) {
-    inv = __frcp_rn(2688.0f);  // RN(1 / (6·448))
+// Both operands of an emulated GEMM and its NVFP4 alpha in one launch (separate launches cost
+// ~2–3 µs each beside a 124m GEMM's ~90): blocks [0, blocks0) take job j0, the rest j1 (without
+// a second job blocks0 = gridDim.x), and block 0's thread 0 writes the alpha when al.out is set.
+// Layout and element type are uniform per block: the dispatch below does not diverge.
+__global__ void __launch_bounds__(kThreads)
+    dequant16_kernel(Chunks16 j0, Chunks16 j1, unsigned blocks0, AlphaArgs al) {
+  pdl::grid_sync();
+  if (al.out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) write_nvfp4_alpha(al);
+  const bool second = blockIdx.x >= blocks0;
+  const Chunks16 j = second ? j1 : j0;
+  const unsigned b = second ? blockIdx.x - blocks0 : blockIdx.x;
+  const unsigned nb = second ? gridDim.x - blocks0 : blocks0;
+  const bool fp4 = j.t == DType::kE2M1;
+  __shared__ float lut[256];
+  for (int i = threadIdx.x; i < (fp4 ? 16 : 256); i += blockDim.x) {
+    lut[i] = decode(j.t, static_cast<uint32_t>(i));
   }
-  out[0] = (amax_a != nullptr || amax_b != nullptr) ? mul_rn(a, inv) : a;
-  out[1] = beta;
+  __syncthreads();
+  const uint32_t first = b * kThreads + threadIdx.x, stride = nb * kThreads;
+  switch (j.layout) {
+    case DequantScales::kNvfp4:
+      fp4 ? dequant16_run<DequantScales::kNvfp4, true>(j, lut, first, stride)
+          : dequant16_run<DequantScales::kNvfp4, false>(j, lut, first, stride);
+      break;
+    case DequantScales::kMxRowwise:
+      fp4 ? dequant16_run<DequantScales::kMxRowwise, true>(j, lut, first, stride)
+          : dequant16_run<DequantScales::kMxRowwise, false>(j, lut, first, stride);
+      break;
+    case DequantScales::kMxColumnwise:
+      fp4 ? dequant16_run<DequantScales::kMxColumnwise, true>(j, lut, first, stride)
+          : dequant16_run<DequantScales::kMxColumnwise, false>(j, lut, first, stride);
+      break;
+  }
 }
 
 template <typename TO, typename TB>
@@ -190,50 +230,74 @@ int grid_for(int64_t work) {
   return static_cast<int>(blocks < 1 ? 1 : (blocks > 65535 * 4 ? 65535 * 4 : blocks));
 }
 
+// The fast path's preconditions (dequant16_kernel); other jobs run dequant_kernel.
+bool chunks16_ok(const DequantJob& d) {
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(d.codes) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(d.out) % 16 == 0 &&
+      (d.layout != DequantScales::kMxColumnwise || reinterpret_cast<uintptr_t>(d.scales) % 16 == 0);
+  return d.cols % 16 == 0 && d.rows * d.cols / 16 < (int64_t{1} << 31) && aligned &&
+         (d.layout != DequantScales::kMxRowwise || d.cols % 32 == 0);
+}
+
+Chunks16 chunks16_of(const DequantJob& d) {
+  Chunks16 c;
+  c.codes = d.codes;
+  c.scales = d.scales;
+  c.out = d.out;
+  c.chunks = static_cast<uint32_t>(d.rows * d.cols / 16);
+  c.chunks_per_row = static_cast<uint32_t>(d.cols / 16);
+  c.cols = static_cast<uint32_t>(d.cols);
+  c.t = d.t;
+  c.layout = d.layout;
+  return c;
+}
+
 }  // namespace
+
+void dequant_pair_to_bf16(const DequantJob& a, const DequantJob& b, const Nvfp4Alpha* alpha,
+                          cudaStream_t stream) {
+  Chunks16 fast[2];
+  int n = 0;
+  for (const DequantJob* d : {&a, &b}) {
+    if (d->rows == 0 || d->cols == 0) continue;
+    LOWBIT_CHECK(d->cols % kVec == 0, "dequant_to_bf16: cols {} is not a multiple of 8", d->cols);
+    if (chunks16_ok(*d)) {
+      fast[n++] = chunks16_of(*d);
+    } else {
+      dequant_kernel<<<grid_for(d->rows * d->cols / kVec), kThreads, 0, stream>>>(
+          d->codes, d->t, d->rows, d->cols, d->scales, d->layout, d->out);
+      LOWBIT_CUDA_CHECK_LAUNCH();
+    }
+  }
+  AlphaArgs al;
+  if (alpha != nullptr) {
+    al.alpha = alpha->alpha;
+    al.beta = alpha->beta;
+    al.amax_a = alpha->amax_a;
+    al.amax_b = alpha->amax_b;
+    al.out = alpha->out;
+  }
+  if (n == 0 && alpha == nullptr) return;
+  // Enough blocks to fill the GPU several times over, split between the jobs by their sizes;
+  // each block grid-strides over its job's chunks.
+  const int64_t total = int64_t(fast[0].chunks) + fast[1].chunks;
+  int grid = static_cast<int>(std::clamp<int64_t>((total + kThreads - 1) / kThreads, 1, 8192));
+  unsigned blocks0 = unsigned(grid);
+  if (n == 2) {
+    grid = std::max(grid, 2);
+    blocks0 = unsigned(std::clamp<int64_t>((int64_t(grid) * fast[0].chunks + total / 2) / total, 1,
+                                           int64_t(grid) - 1));
+  }
+  pdl::launch(dequant16_kernel, unsigned(grid), kThreads, 0, stream, fast[0], fast[1], blocks0, al);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
 
 void dequant_to_bf16(const uint8_t* codes, DType t, int64_t rows, int64_t cols,
                      const uint8_t* scales, DequantScales layout, uint16_t* out,
                      cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return;
-  LOWBIT_CHECK(cols % kVec == 0, "dequant_to_bf16: cols {} is not a multiple of 8", cols);
-  const int64_t chunks = rows * cols / 16;
-  const bool aligned =
-      reinterpret_cast<uintptr_t>(codes) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
-      (layout != DequantScales::kMxColumnwise || reinterpret_cast<uintptr_t>(scales) % 16 == 0);
-  const bool fp4 = t == DType::kE2M1;
-  if (cols % 16 == 0 && chunks < (int64_t{1} << 31) && aligned &&
-      (layout != DequantScales::kMxRowwise || cols % 32 == 0)) {
-    // Enough blocks to fill the GPU several times over; each grid-strides over its chunks.
-    const int grid = static_cast<int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, 8192));
-    const auto n = static_cast<uint32_t>(chunks), cpr = static_cast<uint32_t>(cols / 16),
-               c = static_cast<uint32_t>(cols);
-    switch (layout) {
-      case DequantScales::kNvfp4:
-        launch_dequant16<DequantScales::kNvfp4>(fp4, grid, stream, codes, t, n, cpr, c, scales,
-                                                out);
-        break;
-      case DequantScales::kMxRowwise:
-        launch_dequant16<DequantScales::kMxRowwise>(fp4, grid, stream, codes, t, n, cpr, c, scales,
-                                                    out);
-        break;
-      case DequantScales::kMxColumnwise:
-        launch_dequant16<DequantScales::kMxColumnwise>(fp4, grid, stream, codes, t, n, cpr, c,
-                                                       scales, out);
-        break;
-    }
-    LOWBIT_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  dequant_kernel<<<grid_for(rows * cols / kVec), kThreads, 0, stream>>>(codes, t, rows, cols,
-                                                                        scales, layout, out);
-  LOWBIT_CUDA_CHECK_LAUNCH();
-}
-
-void nvfp4_alpha(float alpha, float beta, const float* amax_a, const float* amax_b, float* out,
-                 cudaStream_t stream) {
-  nvfp4_alpha_kernel<<<1, 1, 0, stream>>>(alpha, beta, amax_a, amax_b, out);
-  LOWBIT_CUDA_CHECK_LAUNCH();
+  dequant_pair_to_bf16(DequantJob{codes, t, rows, cols, scales, layout, out}, DequantJob{}, nullptr,
+                       stream);
 }
 
 void add_bias(void* out, bool out_bf16, int64_t rows, int64_t cols, int64_t ld_out,

@@ -569,10 +569,11 @@ size_t emulated_bytes(const CanonOperand& o) {
   return o.q != nullptr ? align_up(size_t(o.rows) * size_t(o.kc) * 2) : 0;
 }
 
-// Dequantizes an MX / NVFP4 copy into `buf` (bf16, the copy's stored orientation) and returns
-// the dense operand over it. MX columnwise copies are stored [kc, rows] (not transposed).
-LtOperand emulated_operand(Context& ctx, const CanonOperand& o, uint16_t* buf,
-                           const float** nvfp4_amax) {
+// The dequantization of an MX / NVFP4 copy into `buf` (bf16, the copy's stored orientation),
+// set up in *job for the caller to launch, and the dense operand over buf. MX columnwise copies
+// are stored [kc, rows] (not transposed).
+LtOperand emulated_operand(const CanonOperand& o, uint16_t* buf, const float** nvfp4_amax,
+                           gemm_kernels::DequantJob* job) {
   const QuantizedTensor& q = *o.q;
   const Tensor& data = copy_data(o);
   const Tensor& scale = copy_scale(o);
@@ -595,8 +596,8 @@ LtOperand emulated_operand(Context& ctx, const CanonOperand& o, uint16_t* buf,
   }
   LOWBIT_CHECK(k_contiguous ? (sr == o.rows && sc == o.kc) : (sr == o.kc && sc == o.rows),
                "gemm_cuda: copy {} does not match rows {} kc {}", data.view().str(), o.rows, o.kc);
-  gemm_kernels::dequant_to_bf16(data.ptr<const uint8_t>(), q.dtype, sr, sc,
-                                scale.ptr<const uint8_t>(), layout, buf, ctx.stream());
+  *job = gemm_kernels::DequantJob{data.ptr<const uint8_t>(),  q.dtype, sr, sc,
+                                  scale.ptr<const uint8_t>(), layout,  buf};
   LtOperand l;
   l.ptr = buf;
   l.dtype = DType::kBF16;
@@ -712,14 +713,17 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
       case GemmBackend::kEmulatedBf16: {
         const float* amax_a = nullptr;
         const float* amax_b = nullptr;
-        p.b =
-            g.a.q != nullptr ? emulated_operand(ctx, g.a, dq_a, &amax_a) : dense_operand(g.a, "A'");
-        p.a =
-            g.b.q != nullptr ? emulated_operand(ctx, g.b, dq_b, &amax_b) : dense_operand(g.b, "B'");
-        if (amax_a != nullptr || amax_b != nullptr) {
-          // NVFP4 global factors folded into alpha on the device (no host sync):
-          // alpha' = RN(RN(RN(alpha·A_a)·A_b)·RN(1/(36·448²))).
-          gemm_kernels::nvfp4_alpha(opt.alpha, opt.beta, amax_a, amax_b, scalars, stream);
+        gemm_kernels::DequantJob job_a, job_b;
+        p.b = g.a.q != nullptr ? emulated_operand(g.a, dq_a, &amax_a, &job_a)
+                               : dense_operand(g.a, "A'");
+        p.a = g.b.q != nullptr ? emulated_operand(g.b, dq_b, &amax_b, &job_b)
+                               : dense_operand(g.b, "B'");
+        // NVFP4 global factors folded into alpha on the device (no host sync):
+        // alpha' = RN(RN(RN(alpha·A_a)·A_b)·RN(1/(36·448²))), in the dequantization's launch.
+        const bool fold = amax_a != nullptr || amax_b != nullptr;
+        const gemm_kernels::Nvfp4Alpha alpha{opt.alpha, opt.beta, amax_a, amax_b, scalars};
+        gemm_kernels::dequant_pair_to_bf16(job_a, job_b, fold ? &alpha : nullptr, stream);
+        if (fold) {
           // beta lives on the device too (cuBLASLt takes both scalars from one pointer mode;
           // an alpha vector with a host beta is not offered for bf16 operands). A zero beta
           // still skips C on the device, as with a host beta: the GPU tests hand every backend
