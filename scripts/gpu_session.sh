@@ -12,9 +12,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 date -u +%Y-%m-%dT%H:%M:%SZ >> "$out/device.txt"
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  # Device allocations start as 0xFF bytes: output a kernel leaves unwritten shows up.
+  # Twice: device allocations poisoned (output a kernel leaves unwritten shows up), then plain
+  # (the poisoning memset serialises kernels, the plain run keeps the overlap a real run has).
   LOWBIT_POISON_ALLOC=1 "$bin/lowbit_gpu_tests" --gtest_color=no 2>&1 | tee "$out/gpu_tests.log" | grep -E '^\[ *(OK|FAILED|PASSED) |Failure|differ' | head -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  LOWBIT_POISON_ALLOC=0 "$bin/lowbit_gpu_tests" --gtest_color=no > "$out/gpu_tests_plain.log" 2>&1 || status=1
+  grep -E '^\[ *(FAILED|PASSED) ' "$out/gpu_tests_plain.log" | head -20
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   "$bin/lowbit" bench quant --json-out "$out/quant_lowbit.jsonl" 2>&1 | tee "$out/quant_lowbit.txt"

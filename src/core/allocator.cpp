@@ -105,9 +105,14 @@ void* cuda_take(Device dev, size_t rounded) {
   return p;
 }
 
-// LOWBIT_POISON_ALLOC=1 (for tests): every GPU allocation starts as 0xFF bytes, fresh or from
-// the cache, so that output a kernel leaves unwritten shows up as a difference instead of
-// reading as the zeros of a new cudaMalloc.
+// LOWBIT_POISON_ALLOC=1 (for tests): every GPU allocation starts as kPoisonByte bytes, fresh or
+// from the cache, so that output a kernel leaves unwritten shows up as a difference instead of
+// reading as the zeros of a new cudaMalloc. 0xA5 is no value a quantizer writes by rule: as a
+// UE4M3 scale it has the sign bit set, as an f32 (0xA5A5A5A5) it is negative, and as an E8M0
+// scale (2^38) it needs an amax near 2^46 (0xFF, the E8M0 NaN, is what an inf block gets).
+// Each allocation costs a synchronous memset on the legacy stream, which also serialises the
+// kernels around it: the GPU tests also run once without it (gpu_tests_plain).
+constexpr int kPoisonByte = 0xA5;
 bool poison_allocations() {
   static const bool on = [] {
     const char* e = std::getenv("LOWBIT_POISON_ALLOC");
@@ -167,13 +172,18 @@ void* mem_alloc(Device dev, size_t bytes, MemCategory cat) {
           in_use(dev)));
     }
     if (poison_allocations()) {
+      // The legacy stream: ordered after the work of every context's (blocking) main stream;
+      // side-stream work is joined into the main stream before its op returns, so before any
+      // block it used is freed and handed out again.
       int prev = 0;
-      cudaGetDevice(&prev);
-      if (prev != dev.index) cudaSetDevice(dev.index);
-      // The legacy stream: ordered after the work of every context's (blocking) stream.
-      const cudaError_t e = cudaMemset(p, 0xFF, rounded);
+      cudaError_t e = cudaGetDevice(&prev);
+      if (e == cudaSuccess && prev != dev.index) e = cudaSetDevice(dev.index);
+      if (e == cudaSuccess) e = cudaMemset(p, kPoisonByte, rounded);
       if (prev != dev.index) cudaSetDevice(prev);
-      LOWBIT_CUDA_CHECK(e);
+      if (e != cudaSuccess) {
+        cudaFree(p);  // neither cached nor accounted: give it back before reporting
+        LOWBIT_CUDA_CHECK(e);
+      }
     }
   }
   account(dev, cat, static_cast<int64_t>(bytes));

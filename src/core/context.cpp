@@ -161,8 +161,8 @@ uint32_t* Context::reduction_words() {
   LOWBIT_CHECK(on_gpu(), "reduction words requested on a CPU context");
   if (reduction_words_ == nullptr) {
     void* p = mem_alloc(device_, kReductionWords * sizeof(uint32_t), MemCategory::kWorkspace);
+    reduction_words_ = static_cast<uint32_t*>(p);  // owned (released) even if the fill fails
     LOWBIT_CUDA_CHECK(cudaMemsetAsync(p, 0, kReductionWords * sizeof(uint32_t), stream_));
-    reduction_words_ = static_cast<uint32_t*>(p);
   }
   return reduction_words_;
 }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "lowbit/core/context.h"
 #include "lowbit/formats.h"
 #include "lowbit/quant/rn_ops.h"
 #include "lowbit/quant/scale_math.h"
@@ -214,13 +215,16 @@ __device__ __forceinline__ void block_amax_to_global(float local, float* out) {
 // without zeroed outputs: each block folds its maxima into acc[0 .. N) and counts itself in
 // acc[N]; in the last block to finish, thread 0 gets the grid's maxima in `out`, sets the words
 // back to zero and returns true (every other thread returns false). `acc`: N + 1 words that are
-// zero on entry — a Context's reduction_words(). Every thread of the block must call it.
+// zero on entry — a Context's reduction_words(). Every thread of the block must call it, once
+// per kernel (the words count one arrival per block).
 template <int N>
 __device__ __forceinline__ bool grid_max_last_block(const float (&local)[N], uint32_t* acc,
                                                     float (&out)[N]) {
+  static_assert(N + 1 <= Context::kReductionWords, "more words than a Context holds");
   __shared__ float warp_amax[N][32];
   __shared__ bool last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // the block's shared memory may still be read by earlier code
 #pragma unroll
   for (int v = 0; v < N; ++v) {
     const float w = warp_max(local[v]);

@@ -72,7 +72,8 @@ constexpr int kTileChunks = kTM * kTK / 8 / kThreads;  // 8-element chunks per t
 template <typename T, bool kFull>
 __device__ __forceinline__ void load_tile(const T* xt, int64_t M, int64_t K, int64_t m0, int64_t k0,
                                           Raw8<T> (&raw)[kTileChunks]) {
-  const bool vec_ok = kFull || (K % 8) == 0;
+  // 16-byte loads need every row's chunks aligned: K % 8 == 0 and an aligned tile start.
+  const bool vec_ok = kFull || ((K % 8) == 0 && reinterpret_cast<uintptr_t>(xt) % 16 == 0);
 #pragma unroll
   for (int j = 0; j < kTileChunks; ++j) {
     const int c = threadIdx.x + j * kThreads;

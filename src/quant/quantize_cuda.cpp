@@ -66,7 +66,7 @@ void run_per_tensor(Context& ctx, const TensorView& x, const QuantConfig& cfg,
       cfg.delayed == nullptr && m * k > 0 && quant_cuda::quant_kernels_version() >= 12;
   out.amax = one_pass_scale ? Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace)
                             : zeros_on(ctx, {1}, DType::kF32, MemCategory::kWorkspace);
-  // Written by the cast kernel (delayed) or the scale kernel (current): no fill needed.
+  // Written by the cast kernel (delayed), amax_scale or the scale kernel (current): no fill.
   Tensor scale_inv = m * k > 0 ? Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace)
                                : zeros_on(ctx, {1}, DType::kF32, MemCategory::kWorkspace);
   const float* scale_ptr;
@@ -148,8 +148,8 @@ void run(Context& ctx, const TensorView& x, const QuantConfig& cfg, const QuantS
       // Written by the amax pass (quant_cuda::nvfp4 zeroes them where its kernel needs it).
       Tensor amax_row = Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace);
       Tensor amax_col = Tensor::empty({1}, DType::kF32, dev, MemCategory::kWorkspace);
-      // The 2D transposed copy reuses the rowwise tile scales: write them even when only the
-      // columnwise copy is asked for.
+      // The 2D transposed copy takes the same per-tile scales as the rowwise copy (the kernel
+      // computes them per 16×16 tile whichever copies are asked for).
       quant_cuda::nvfp4(src, m, k, cfg.rowwise, cfg.columnwise, rht, streams.stochastic, two_d,
                         streams.rowwise, streams.columnwise, u8(out.rowwise_data), u8(*rs),
                         u8(out.columnwise_data), u8(*cs), amax_row.ptr<float>(),

@@ -297,53 +297,51 @@ TEST_F(GpuQuant, RoundedF32SourceMatchesCpuTwin) {
   }
 }
 
-// FP8 current scaling keeps its grid-wide max and block count in the Context's reduction words
-// and sets them back to zero in its last block: many conversions queued back to back on one
-// context (no synchronisation between them; all-zero, NaN/inf, subnormal and huge sources, f32
-// and bf16, partial tiles and several tiles per block, amax epsilon and power-of-two scales) must
-// each match the CPU twin — a word left non-zero would leak one tensor's amax into the next.
-TEST_F(GpuQuant, CurrentScalingBackToBackOnOneContextMatchesCpuTwin) {
-  struct Item {
-    int64_t m, k;
-    Fill fill;
-    bool f32;
-    QuantConfig cfg;
-  };
-  QuantConfig eps = QuantConfig::fp8_current(DType::kE4M3);
-  eps.amax_epsilon = 1e-30f;
-  QuantConfig e5 = QuantConfig::fp8_current(DType::kE5M2, true);
-  QuantConfig rowwise_only = QuantConfig::fp8_current(DType::kE4M3);
-  rowwise_only.columnwise = false;
-  const QuantConfig e4 = QuantConfig::fp8_current(DType::kE4M3);
-  const std::vector<Item> items = {
-      {4096, 2048, Fill::kHeavyTail, false, e4},  // more tiles than resident blocks
-      {1, 16, Fill::kNormal, false, e4},         {65, 80, Fill::kZeros, false, e4},
-      {65, 80, Fill::kZeros, false, eps},        {993, 512, Fill::kSpecials, false, e5},
-      {128, 256, Fill::kSubnormal, false, e4},   {192, 384, Fill::kNearMax, true, e4},
-      {4096, 2048, Fill::kNormal, false, e4},    {96, 160, Fill::kNormal, true, rowwise_only},
-      {64, 128, Fill::kWideRange, false, e5},    {1024, 1024, Fill::kSpecials, true, eps},
-  };
+// One conversion of a queue run on one Context (check_queued).
+struct Queued {
+  int64_t m, k;
+  Fill fill;
+  bool f32;  // an f32 source off the bf16 grid (value · 1.001), else bf16
+  QuantConfig cfg;
+};
+
+// Uploads every source first, then quantizes them all on one Context back to back (no
+// synchronisation in between, so the conversions follow each other on the stream as in a
+// training step) and compares each with the CPU twin byte for byte. Every configuration is
+// meant to be valid: the CPU twin refusing one is a failure.
+void check_queued(const std::vector<Queued>& items) {
   Context cpu_ctx(Device::cpu());
   Context gpu_ctx(Device::cuda(0));
-  std::vector<Tensor> keep;  // the GPU sources stay alive until the queue has run
+  std::vector<Tensor> src_gpu;
   std::vector<QuantizedTensor> got(items.size()), want(items.size());
+  std::vector<bool> refused(items.size(), false);  // by the CPU twin
   for (size_t i = 0; i < items.size(); ++i) {
-    const Item& it = items[i];
-    const Tensor b = make_source(it.m, it.k, it.fill, 40 + i);
-    Tensor src = b;
+    const Queued& it = items[i];
+    Tensor src = make_source(it.m, it.k, it.fill, 40 + i);
     if (it.f32) {
-      src = Tensor::empty({it.m, it.k}, DType::kF32, Device::cpu());
+      Tensor f = Tensor::empty({it.m, it.k}, DType::kF32, Device::cpu());
       for (int64_t j = 0; j < it.m * it.k; ++j) {
-        src.ptr<float>()[j] = bf16_to_f32(b.ptr<uint16_t>()[j]) * 1.001f;
+        f.ptr<float>()[j] = bf16_to_f32(src.ptr<uint16_t>()[j]) * 1.001f;
       }
+      src = std::move(f);
     }
-    quantize(cpu_ctx, src.view(), it.cfg, want[i]);
-    keep.push_back(Tensor::copy_of(src.view(), Device::cuda(0)));
-    quantize(gpu_ctx, keep.back().view(), it.cfg, got[i]);
+    try {
+      quantize(cpu_ctx, src.view(), it.cfg, want[i]);
+    } catch (const UserError& e) {
+      refused[i] = true;
+      ADD_FAILURE() << "item " << i << ": the CPU twin refused it: " << e.what();
+    }
+    src_gpu.push_back(Tensor::copy_of(src.view(), Device::cuda(0)));
   }
   gpu_ctx.synchronize();
   for (size_t i = 0; i < items.size(); ++i) {
-    SCOPED_TRACE(fmt::format("item {}: {}x{} {}{}", i, items[i].m, items[i].k,
+    if (!refused[i]) quantize(gpu_ctx, src_gpu[i].view(), items[i].cfg, got[i]);
+  }
+  gpu_ctx.synchronize();
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (refused[i]) continue;
+    SCOPED_TRACE(fmt::format("item {}: {} {} {}x{} {}{}", i, scaling_mode_name(items[i].cfg.mode),
+                             dtype_name(items[i].cfg.dtype), items[i].m, items[i].k,
                              fill_name(items[i].fill), items[i].f32 ? " f32" : ""));
     got[i].validate();
     for (const std::string& err :
@@ -352,10 +350,81 @@ TEST_F(GpuQuant, CurrentScalingBackToBackOnOneContextMatchesCpuTwin) {
           compare_bytes("columnwise_data", want[i].columnwise_data, got[i].columnwise_data),
           compare_bytes("columnwise_scale_inv", want[i].columnwise_scale_inv,
                         got[i].columnwise_scale_inv),
-          compare_bytes("amax", want[i].amax, got[i].amax)}) {
+          compare_bytes("amax", want[i].amax, got[i].amax),
+          compare_bytes("columnwise_amax", want[i].columnwise_amax, got[i].columnwise_amax)}) {
       EXPECT_TRUE(err.empty()) << err;
     }
   }
+}
+
+// FP8 current scaling keeps its grid-wide max and block count in the Context's reduction words
+// and sets them back to zero in its last block (so does the NVFP4 amax pass): many conversions
+// queued back to back on one context — all-zero, NaN/inf, subnormal and huge sources, f32 and
+// bf16, partial tiles, amax epsilon and power-of-two scales, NVFP4 in between — must each match
+// the CPU twin; a word left non-zero would leak one tensor's amax into the next.
+TEST_F(GpuQuant, CurrentScalingBackToBackOnOneContextMatchesCpuTwin) {
+  QuantConfig eps = QuantConfig::fp8_current(DType::kE4M3);
+  eps.amax_epsilon = 1e-30f;
+  QuantConfig e5 = QuantConfig::fp8_current(DType::kE5M2, true);
+  QuantConfig rowwise_only = QuantConfig::fp8_current(DType::kE4M3);
+  rowwise_only.columnwise = false;
+  const QuantConfig e4 = QuantConfig::fp8_current(DType::kE4M3);
+  const QuantConfig nv = QuantConfig::nvfp4_activation();
+  check_queued({
+      {4096, 2048, Fill::kHeavyTail, false, e4},
+      {1, 16, Fill::kNormal, false, e4},
+      {65, 80, Fill::kZeros, false, e4},
+      {256, 512, Fill::kSpecials, false, nv},
+      {65, 80, Fill::kZeros, false, eps},
+      {993, 512, Fill::kSpecials, false, e5},
+      {128, 256, Fill::kSubnormal, false, e4},
+      {128, 256, Fill::kZeros, false, nv},
+      {192, 384, Fill::kNearMax, true, e4},
+      {4096, 2048, Fill::kNormal, false, e4},
+      {96, 160, Fill::kNormal, true, rowwise_only},
+      {64, 128, Fill::kWideRange, false, e5},
+      {1024, 1024, Fill::kSpecials, true, eps},
+  });
+}
+
+// MX and NVFP4 scale tensors and the NVFP4 global amaxes are no longer zero-filled before their
+// kernels run (compact layouts: every entry is written). Under LOWBIT_POISON_ALLOC=1 (how the GPU
+// tests run) an entry left unwritten reads as 0xA5 and differs from the CPU twin. Covers the
+// copies and sources the other tests leave out: one copy only, partial tiles (M % 16 != 0 for
+// NVFP4 rowwise, K % 32 != 0 for MX columnwise), 16×16 weights columnwise only, f32 sources
+// without rounding, and empty tensors.
+TEST_F(GpuQuant, UnzeroedScalesAndAmaxesAreAllWritten) {
+  auto copies = [](QuantConfig q, bool rowwise, bool columnwise) {
+    q.rowwise = rowwise;
+    q.columnwise = columnwise;
+    return q;
+  };
+  QuantConfig nv_plain = QuantConfig::nvfp4_activation();
+  nv_plain.hadamard_columnwise = false;  // f32 sources take no Hadamard transform
+  QuantConfig nv_sr = QuantConfig::nvfp4_gradient();
+  nv_sr.sr_key = RngKey{0x5EED, 11};
+  const QuantConfig mx8 = QuantConfig::mx(DType::kE4M3);
+  const QuantConfig mx4 = QuantConfig::mx(DType::kE2M1);
+  const QuantConfig w2d = QuantConfig::nvfp4_weight();
+  std::vector<Queued> items;
+  for (Fill f : {Fill::kNormal, Fill::kSpecials}) {
+    for (bool f32 : {false, true}) {
+      items.push_back({40, 64, f, f32, copies(nv_plain, true, false)});
+      items.push_back({48, 80, f, f32, copies(w2d, false, true)});
+      items.push_back({48, 80, f, f32, copies(w2d, true, false)});
+      items.push_back({40, 64, f, f32, copies(mx8, true, false)});
+      items.push_back({64, 40, f, f32, copies(mx8, false, true)});
+      items.push_back({96, 128, f, f32, mx4});
+      items.push_back({64, 96, f, f32, copies(nv_plain, false, true)});
+    }
+    items.push_back({40, 64, f, false, copies(nv_sr, true, false)});
+    items.push_back({256, 128, f, false, copies(QuantConfig::nvfp4_activation(), false, true)});
+  }
+  for (const QuantConfig& c :
+       {QuantConfig::fp8_current(DType::kE4M3), QuantConfig::nvfp4_activation(), mx8, w2d}) {
+    items.push_back({0, 64, Fill::kNormal, false, c});
+  }
+  check_queued(items);
 }
 
 TEST_F(GpuQuant, InvalidShapesAreRejectedLikeOnTheCpu) {
