@@ -147,7 +147,9 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       "quant", "GB/s of every quantization recipe against the device's copy bandwidth");
   quant->add_option("--shapes", q->shapes, "Comma-separated MxK source shapes")
       ->capture_default_str();
-  quant->add_option("--iters", q->iters, "Timed iterations per measurement (median reported)")
+  quant
+      ->add_option("--iters", q->iters,
+                   "Timed samples per measurement, each a burst of calls (median reported)")
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();
   quant->add_option("--json-out", q->json_out, "Also write one JSON object per row to this file");

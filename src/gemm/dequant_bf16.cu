@@ -88,15 +88,8 @@ struct Chunks16 {
   DequantScales layout = DequantScales::kNvfp4;
 };
 
-// alpha' and beta of the NVFP4 fold (dequant_pair_to_bf16); out == null: nothing to compute.
-struct AlphaArgs {
-  float alpha = 1.0f, beta = 0.0f;
-  const float* amax_a = nullptr;
-  const float* amax_b = nullptr;
-  float* out = nullptr;
-};
-
-__device__ void write_nvfp4_alpha(const AlphaArgs& al) {
+// The NVFP4 alpha' and beta of Nvfp4Alpha (gemm_cuda_kernels.h) into al.out[0], al.out[1].
+__device__ void write_nvfp4_alpha(const Nvfp4Alpha& al) {
   float a = al.alpha;
   float inv = 1.0f;
   if (al.amax_a != nullptr) a = mul_rn(a, *al.amax_a);
@@ -165,7 +158,7 @@ __device__ __forceinline__ void dequant16_run(const Chunks16& j, const float* lu
 // a second job blocks0 = gridDim.x), and block 0's thread 0 writes the alpha when al.out is set.
 // Layout and element type are uniform per block: the dispatch below does not diverge.
 __global__ void __launch_bounds__(kThreads)
-    dequant16_kernel(Chunks16 j0, Chunks16 j1, unsigned blocks0, AlphaArgs al) {
+    dequant16_kernel(Chunks16 j0, Chunks16 j1, unsigned blocks0, Nvfp4Alpha al) {
   pdl::grid_sync();
   if (al.out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) write_nvfp4_alpha(al);
   const bool second = blockIdx.x >= blocks0;
@@ -261,7 +254,8 @@ void dequant_pair_to_bf16(const DequantJob& a, const DequantJob& b, const Nvfp4A
   int n = 0;
   for (const DequantJob* d : {&a, &b}) {
     if (d->rows == 0 || d->cols == 0) continue;
-    LOWBIT_CHECK(d->cols % kVec == 0, "dequant_to_bf16: cols {} is not a multiple of 8", d->cols);
+    LOWBIT_CHECK(d->cols % kVec == 0, "dequant_pair_to_bf16: cols {} is not a multiple of 8",
+                 d->cols);
     if (chunks16_ok(*d)) {
       fast[n++] = chunks16_of(*d);
     } else {
@@ -270,15 +264,8 @@ void dequant_pair_to_bf16(const DequantJob& a, const DequantJob& b, const Nvfp4A
       LOWBIT_CUDA_CHECK_LAUNCH();
     }
   }
-  AlphaArgs al;
-  if (alpha != nullptr) {
-    al.alpha = alpha->alpha;
-    al.beta = alpha->beta;
-    al.amax_a = alpha->amax_a;
-    al.amax_b = alpha->amax_b;
-    al.out = alpha->out;
-  }
   if (n == 0 && alpha == nullptr) return;
+  const Nvfp4Alpha al = alpha != nullptr ? *alpha : Nvfp4Alpha{};  // out == null: no alpha
   // Enough blocks to fill the GPU several times over, split between the jobs by their sizes;
   // each block grid-strides over its job's chunks.
   const int64_t total = int64_t(fast[0].chunks) + fast[1].chunks;
