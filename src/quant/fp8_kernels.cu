@@ -558,9 +558,9 @@ int grid_for(int64_t n) {
 int quant_kernels_version() {
   static const int version = [] {
     const char* env = std::getenv("LOWBIT_QUANT_KERNELS");
-    if (env == nullptr) return 12;
+    if (env == nullptr) return 13;
     const std::string_view v(env);
-    return v == "v8" ? 8 : v == "v9" ? 9 : v == "v10" ? 10 : v == "v11" ? 11 : 12;
+    return v == "v8" ? 8 : v == "v9" ? 9 : v == "v10" ? 10 : v == "v11" ? 11 : v == "v12" ? 12 : 13;
   }();
   return version;
 }

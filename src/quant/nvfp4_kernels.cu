@@ -13,7 +13,8 @@
 //  * nvfp4_amax_v9_kernel: the amax pass for bf16 sources, no shared memory.
 //  * nvfp4_quant_v10_kernel: the 1×16 quantize pass for bf16 full 128×64 tiles.
 //  * nvfp4_quant_v11_kernel (default): the same tiles with a persistent grid that prefetches the
-//    next tile, the block multipliers from a table, and the E2M1 encoders of e2m1_fast.h.
+//    next tile, the block multipliers from a table, and the E2M1 encoders of e2m1_fast.h;
+//    since v13 also 16×16 blocks (weights) without stochastic rounding (kTwoD).
 #include <type_traits>
 
 #include "core/device_attr.h"
@@ -532,6 +533,7 @@ struct Nvfp4V11Smem {
   uint64_t cp[kV11M / 16][kV11K];      // packed column codes [mb][k ^ 4·(mb / 2)]
   uint16_t cs[kV11M / 16][kV11K / 2];  // column scales [mb][k / 2], two per word (k even low)
   float mult[2][128];  // block multiplier by scale code: [0] rowwise, [1] columnwise
+  uint8_t ts[kV11M / 16][kV11K / 16];  // 16×16 blocks (kTwoD): scale code of block [mb][kb]
 };
 
 // Half by half max(|a|, |b|) of two bf16 pairs, NaN in either operand giving NaN. The sign bits of
@@ -679,9 +681,17 @@ __device__ __forceinline__ void nvfp4_v11_load(const uint16_t* __restrict__ xt, 
 // read the thread's own granules back from s.tile (4 LDS.128 instead of carrying the loaded
 // registers across the loop: 16 moves); after barrier B (codes staged, every read of s.tile
 // done) the columnwise copy is stored and the next tile's registers are written into s.tile.
-template <bool kSR>
+//
+// kTwoD (v13): 16×16 blocks (weights), round to nearest. The column task runs first: the two
+// chunk amaxes of a thread and the 8 lanes that share a 16×16 block (lanes 8kb .. 8kb + 7 hold
+// its 16 columns) give the block amax by three shuffles, hence its scale, which both copies use
+// (block_scale_fast of the global amax_row, as nvfp4_kernel); the codes of a column are then
+// exactly the transposed rowwise codes. The rowwise task runs after barrier B, reading the scale
+// from s.ts (its own granules are still in s.tile: only their owner writes them).
+template <bool kSR, bool kTwoD = false>
 __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
     nvfp4_quant_v11_kernel(const uint16_t* __restrict__ x, Nvfp4Args a) {
+  static_assert(!(kSR && kTwoD), "16x16 blocks with stochastic rounding take nvfp4_kernel");
   __shared__ Nvfp4V11Smem s;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int rb = t & 3;   // rowwise K-block of this thread
@@ -746,7 +756,8 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
   // Every thread derives the global scales (the amaxes are final when the kernel starts); the
   // multiplier tables are published by the first __syncthreads of the loop.
   const Nvfp4GlobalScale g_row = nvfp4_global_scale(*a.amax_row);
-  const Nvfp4GlobalScale g_col = a.columnwise ? nvfp4_global_scale(*a.amax_col) : g_row;
+  // 16×16 blocks: both copies from amax_row (the columnwise copy is the transposed rowwise one).
+  const Nvfp4GlobalScale g_col = a.columnwise && !kTwoD ? nvfp4_global_scale(*a.amax_col) : g_row;
   if (t < 128) {
     s.mult[0][t] = nvfp4_block_multiplier(uint8_t(t), g_row.s_dec);
   } else {
@@ -790,7 +801,8 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
     uint4 next[2][2];
     if (has_next) nvfp4_v11_load(xt, K, T_next, next);
 
-    if (a.rowwise) {
+    // Rowwise task: rows rr and rr + 64, K-block rb (1×16: before barrier B; 16×16: after it).
+    auto quantize_rows = [&]() {
       uint32_t w[2][8];
       uint32_t am16[2];
       bool nan[2];
@@ -816,8 +828,15 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
           for (int i = 0; i < 16; ++i) am[j] = amax_combine(am[j], v[i]);
         }
       }
-      const uint32_t sd2 = block_scale_pair(am[0], am[1], g_row.k);
-      const uint32_t sd[2] = {sd2 & 0xFFu, (sd2 >> 8) & 0xFFu};
+      uint32_t sd[2];
+      if constexpr (kTwoD) {  // the 16×16 blocks' scales, from the column task
+        sd[0] = s.ts[rr >> 4][rb];
+        sd[1] = s.ts[(rr >> 4) + 4][rb];
+      } else {
+        const uint32_t sd2 = block_scale_pair(am[0], am[1], g_row.k);
+        sd[0] = sd2 & 0xFFu;
+        sd[1] = (sd2 >> 8) & 0xFFu;
+      }
       uint64_t packed[2];
       if constexpr (kSR) {
 #pragma unroll
@@ -850,9 +869,12 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
         *reinterpret_cast<uint64_t*>(a.q + ((T >> 1) + q_off + uint64_t(j) * 32 * K)) = packed[j];
         a.q_scale[(T >> 4) + qs_off + uint64_t(j) * 4 * K] = uint8_t(sd[j]);
       }
+    };
+    if constexpr (!kTwoD) {
+      if (a.rowwise) quantize_rows();
     }
 
-    if (a.columnwise) {
+    if (a.columnwise || kTwoD) {
       const int p = lane, mb = warp;  // columns 2p, 2p + 1; rows 16·mb .. +16
       uint32_t w[16];                 // row i: column 2p low, 2p + 1 high
 #pragma unroll
@@ -860,7 +882,7 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
         const int r = mb * 16 + i;
         w[i] = reinterpret_cast<const uint32_t*>(&s.tile[r][(p >> 2) ^ (r & 1)])[p & 3];
       }
-      if (a.rht) {
+      if (!kTwoD && a.rht) {
         float va[16], vb[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
@@ -886,38 +908,55 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
           amb = amax_combine(amb, bf16_hi(w[i]));
         }
       }
-      const uint32_t sd2 = block_scale_pair(ama, amb, g_col.k);
-      const float ma = s.mult[1][sd2 & 0xFFu], mbm = s.mult[1][sd2 >> 8];
-      // As for the rows: |RN(y·m + 0)| = RN(|y|·m) ≤ RN(amax·m) (the amaxes are the exact max |y|
-      // of the NaN-free chunks).
-      bool below7 = false;
-      if constexpr (!kSR) {
-        below7 =
-            __all_sync(0xFFFFFFFFu, nan | ((mul_rn(ama, ma) < 7.0f) & (mul_rn(amb, mbm) < 7.0f)));
-      }
-      // Philox index of chunk a (stochastic rounding only): (k0 + 2p)·M + m0 + 16·mb.
-      const int64_t idx_a = kSR ? int64_t(Tt) + 2 * p * M + 16 * mb : 0;
-      uint64_t ca, cb;
-      if (a.rht) {
-        if (below7) {
-          nvfp4_col_codes_v11<kSR, true, true>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca,
-                                               cb);
-        } else {
-          nvfp4_col_codes_v11<kSR, true>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca, cb);
-        }
+      uint32_t sd2;
+      if constexpr (kTwoD) {
+        // Block amax over the 8 lanes of the 16×16 block (non-negative, NaN-free: fmaxf is the
+        // max of amax_combine), then the block's scale for both chunks and both copies.
+        float am = fmaxf(ama, amb);
+#pragma unroll
+        for (int d = 1; d < 8; d *= 2) am = fmaxf(am, __shfl_xor_sync(0xFFFFFFFFu, am, d));
+        const uint32_t sd = block_scale_fast(am, g_row.k);
+        if ((lane & 7) == 0) s.ts[mb][lane >> 3] = uint8_t(sd);
+        sd2 = sd | (sd << 8);
       } else {
-        if (below7) {
-          nvfp4_col_codes_v11<kSR, false, true>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca,
-                                                cb);
-        } else {
-          nvfp4_col_codes_v11<kSR, false>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca, cb);
-        }
+        sd2 = block_scale_pair(ama, amb, g_col.k);
       }
-      const int ks = (2 * p) ^ ((mb >> 1) << 2);  // even: bit 0 is never swizzled
-      *reinterpret_cast<ulonglong2*>(&s.cp[mb][ks]) = make_ulonglong2(ca, cb);
-      s.cs[mb][p] = uint16_t(sd2);
+      const float ma = s.mult[1][sd2 & 0xFFu], mbm = s.mult[1][sd2 >> 8];
+      if (!kTwoD || a.columnwise) {  // (16×16 rowwise only: the scales were all it had to give)
+        // As for the rows: |RN(y·m + 0)| = RN(|y|·m) ≤ RN(amax·m) (the amaxes are the exact max |y|
+        // of the NaN-free chunks).
+        bool below7 = false;
+        if constexpr (!kSR) {
+          below7 =
+              __all_sync(0xFFFFFFFFu, nan | ((mul_rn(ama, ma) < 7.0f) & (mul_rn(amb, mbm) < 7.0f)));
+        }
+        // Philox index of chunk a (stochastic rounding only): (k0 + 2p)·M + m0 + 16·mb.
+        const int64_t idx_a = kSR ? int64_t(Tt) + 2 * p * M + 16 * mb : 0;
+        uint64_t ca, cb;
+        if (!kTwoD && a.rht) {
+          if (below7) {
+            nvfp4_col_codes_v11<kSR, true, true>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca,
+                                                 cb);
+          } else {
+            nvfp4_col_codes_v11<kSR, true>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca, cb);
+          }
+        } else {
+          if (below7) {
+            nvfp4_col_codes_v11<kSR, false, true>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca,
+                                                  cb);
+          } else {
+            nvfp4_col_codes_v11<kSR, false>(w, nan, ma, mbm, a.col_key, idx_a, idx_a + M, ca, cb);
+          }
+        }
+        const int ks = (2 * p) ^ ((mb >> 1) << 2);  // even: bit 0 is never swizzled
+        *reinterpret_cast<ulonglong2*>(&s.cp[mb][ks]) = make_ulonglong2(ca, cb);
+        s.cs[mb][p] = uint16_t(sd2);
+      }
     }
     __syncthreads();  // B: codes and scales staged; every read of s.tile is done
+    if constexpr (kTwoD) {
+      if (a.rowwise) quantize_rows();  // reads only the thread's own granules of s.tile
+    }
     if (a.columnwise) {
       // Transposed row k0 + t/4, M-blocks 2q and 2q + 1 (q = t % 4): 16 bytes of codes and two
       // scale bytes (the bytes of store_col_tile_row; s.cs read bytewise: byte k of row mb is
@@ -948,12 +987,12 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
 
 // Blocks of v11's persistent grid: as many as are resident on the device at once, at most one
 // per tile. The occupancy is asked once per kernel, the SM count once per device.
-template <bool kSR>
+template <bool kSR, bool kTwoD>
 unsigned nvfp4_v11_blocks(int64_t n_tiles) {
   static const int blocks_per_sm = [] {
     int b = 0;
-    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, nvfp4_quant_v11_kernel<kSR>,
-                                                                    kThreads, 0));
+    LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &b, nvfp4_quant_v11_kernel<kSR, kTwoD>, kThreads, 0));
     return b > 0 ? b : 1;
   }();
   int dev = 0;
@@ -991,10 +1030,13 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
   // v11 (default) and v10: bf16, 1×16 blocks, full 128×64 tiles, 16-byte aligned source
   // (LOWBIT_QUANT_KERNELS=v10 keeps v10); v9/v8 for every other case and under
   // LOWBIT_QUANT_KERNELS=v9 / v8.
-  const bool full_tiles = std::is_same_v<T, uint16_t> && !two_d && M % kV10M == 0 &&
-                          K % kV10K == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  // v13: 16×16 blocks without stochastic rounding on v11's kernel too (=v12 keeps nvfp4_kernel).
+  const bool bf16_tiles = std::is_same_v<T, uint16_t> && M % kV10M == 0 && K % kV10K == 0 &&
+                          reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool full_tiles = bf16_tiles && !two_d;
   const int version = quant_kernels_version();
-  const bool v11 = full_tiles && version >= 11;
+  const bool v13_2d = bf16_tiles && two_d && !sr && version >= 13;
+  const bool v11 = (full_tiles && version >= 11) || v13_2d;
   const bool v10 = full_tiles && version == 10;
   if (!v10 && !v11) set_smem(quant_pass);
   if (!amax_ready) {
@@ -1028,11 +1070,15 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
     a.group_m = !sr && M * K >= (int64_t(1) << 26) ? 16 : 0;
     const int64_t n_tiles = (M / kV11M) * (K / kV11K);
     const auto* xb = reinterpret_cast<const uint16_t*>(x);
-    if (sr) {
-      nvfp4_quant_v11_kernel<true><<<nvfp4_v11_blocks<true>(n_tiles), kThreads, 0, stream>>>(xb, a);
+    if (v13_2d) {
+      nvfp4_quant_v11_kernel<false, true>
+          <<<nvfp4_v11_blocks<false, true>(n_tiles), kThreads, 0, stream>>>(xb, a);
+    } else if (sr) {
+      nvfp4_quant_v11_kernel<true>
+          <<<nvfp4_v11_blocks<true, false>(n_tiles), kThreads, 0, stream>>>(xb, a);
     } else {
       nvfp4_quant_v11_kernel<false>
-          <<<nvfp4_v11_blocks<false>(n_tiles), kThreads, 0, stream>>>(xb, a);
+          <<<nvfp4_v11_blocks<false, false>(n_tiles), kThreads, 0, stream>>>(xb, a);
     }
   } else if (v10) {
     const dim3 grid10(unsigned(M / kV10M), unsigned(K / kV10K));

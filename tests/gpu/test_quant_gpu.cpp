@@ -183,10 +183,11 @@ TEST_F(GpuQuant, EveryRecipeMatchesCpuTwinAt8192Squared) {
   for (const Case& c : cases()) check_case(c, 8192, 8192, Fill::kNormal);
 }
 
-// The NVFP4 1×16 quantize pass for bf16 full 128×64 tiles (v11: persistent grid, table
-// multipliers, fast encoders, NaN blocks through the codec) in every combination of copies,
-// Hadamard transform and stochastic rounding. 4096×1024 has more tiles than one wave of blocks,
-// so blocks quantize several tiles (the prefetch path).
+// The NVFP4 quantize pass for bf16 full 128×64 tiles (v11: persistent grid, table multipliers,
+// fast encoders, NaN blocks through the codec) in every combination of copies, Hadamard
+// transform and stochastic rounding, and with 16×16 blocks (v13: the block scale from the column
+// task's shuffles) for either copy alone and both. 4096×1024 has more tiles than one wave of
+// blocks, so blocks quantize several tiles (the prefetch path).
 TEST_F(GpuQuant, Nvfp4FullTileKernelMatchesCpuTwin) {
   auto variant = [](bool rowwise, bool columnwise, bool rht, bool sr) {
     return [=] {
@@ -199,6 +200,14 @@ TEST_F(GpuQuant, Nvfp4FullTileKernelMatchesCpuTwin) {
       return q;
     };
   };
+  auto weight = [](bool rowwise, bool columnwise) {
+    return [=] {
+      QuantConfig q = QuantConfig::nvfp4_weight();
+      q.rowwise = rowwise;
+      q.columnwise = columnwise;
+      return q;
+    };
+  };
   const std::vector<Case> nv = {
       {"nvfp4_both_rht", variant(true, true, true, false), 16},
       {"nvfp4_both_plain", variant(true, true, false, false), 16},
@@ -207,6 +216,9 @@ TEST_F(GpuQuant, Nvfp4FullTileKernelMatchesCpuTwin) {
       {"nvfp4_rowwise_sr", variant(true, false, false, true), 16},
       {"nvfp4_columnwise_rht", variant(false, true, true, false), 16},
       {"nvfp4_columnwise_rht_sr", variant(false, true, true, true), 16},
+      {"nvfp4_weight_both", weight(true, true), 16},
+      {"nvfp4_weight_rowwise", weight(true, false), 16},
+      {"nvfp4_weight_columnwise", weight(false, true), 16},
   };
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{128, 64}, {256, 512}, {384, 1024}};
   for (const Case& c : nv) {
@@ -223,7 +235,8 @@ TEST_F(GpuQuant, Nvfp4FullTileKernelMatchesCpuTwin) {
 // From 64 M elements the NVFP4 quantize pass without stochastic rounding walks its tiles in
 // groups of 16 M-tiles (nvfp4_kernels.cu): 8320 × 8192 has 65 M-tiles, so four full groups and a
 // one-tile last group; 1024 × 65536 has 8, a single group narrower than 16. Every tile is checked
-// against the CPU twin (and the SR pass, which keeps the M-fastest walk, at those shapes).
+// against the CPU twin (and the SR pass, which keeps the M-fastest walk, at those shapes), with
+// 1×16 blocks and with 16×16 ones.
 TEST_F(GpuQuant, Nvfp4TileGroupsWithAPartialLastGroupMatchCpuTwin) {
   auto variant = [](bool sr) {
     return [=] {
@@ -235,7 +248,8 @@ TEST_F(GpuQuant, Nvfp4TileGroupsWithAPartialLastGroupMatchCpuTwin) {
     };
   };
   const std::vector<Case> nv = {{"nvfp4_both_rht", variant(false), 16},
-                                {"nvfp4_both_rht_sr", variant(true), 16}};
+                                {"nvfp4_both_rht_sr", variant(true), 16},
+                                {"nvfp4_weight", [] { return QuantConfig::nvfp4_weight(); }, 16}};
   for (const Case& c : nv) {
     check_case(c, 8320, 8192, Fill::kNormal);
     check_case(c, 1024, 65536, Fill::kNormal);
