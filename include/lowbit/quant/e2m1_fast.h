@@ -104,11 +104,17 @@ LOWBIT_HD uint32_t e2m1_rn_mag2_biased_below7(float x) {
 // For a ≥ 1 this is encode_sr(kE2M1, x, r) bit for bit; below 1 the two differ only through the
 // rounding of a + 1 (a's bits under 2^-23 or 2^-24, finer than the 22 random bits resolve), and
 // it costs half the instructions of the codec's three regions.
+// Both cases in one line, without a branch or a select: g = max(a, RN(0.5·a + 0.5)). From a = 1
+// up, (a + 1) / 2 ≤ a, so RN of it is ≤ a (a is a float) and g = a; below 1, (a + 1) / 2 > a and
+// RN is monotone, so g = RN(0.5·a + 0.5) = t / 2 exactly (scaling by 2^-1 commutes with RN: t / 2
+// ∈ [0.5, 1] is normal), whose bits are bits(t) - 2^23 — the "- 254" of the second case is the
+// "- 252" of the first after that exponent step. 252 << 22 = 0x3F000000 ≤ bits(g) (g ≥ 0.5), so
+// the subtraction folds into the constant before the shift: five instructions (fma and max with
+// |x| as an operand modifier, one three-input add, the shift, the clamp) instead of nine.
 LOWBIT_HD uint32_t e2m1_sr_mag(float x, uint32_t r) {
-  const uint32_t u = f32_bits(x) & 0x7FFFFFFFu;
-  const bool small = u < 0x3F800000u;
-  const uint32_t tb = small ? f32_bits(add_rn(f32_from_bits(u), 1.0f)) : u;
-  const uint32_t code = ((tb + 0x3FFFFFu - (r >> 10)) >> 22) - (small ? 254u : 252u);
+  const float a = abs_f32(x);
+  const float g = fmax_num(a, fma_rn(a, 0.5f, 0.5f));  // a ≥ 1: a; a < 1: RN(a + 1) / 2
+  const uint32_t code = (f32_bits(g) + (0x3FFFFFu - 0x3F000000u) - (r >> 10)) >> 22;
   return code < 7u ? code : 7u;
 }
 
