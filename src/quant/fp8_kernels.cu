@@ -408,9 +408,23 @@ __device__ __forceinline__ float amax8_bf16(const uint4& u) {
   return a;
 }
 
+// The max |x| of a granule's eight bf16 values by three packed maxima (NaN skipped as
+// amax_combine does: a granule holding NaN takes amax8_bf16).
+__device__ __forceinline__ float amax8_bf16_packed(const uint4& u) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  const uint32_t m = bf16x2_absmax_tree(w);
+  if (bf16x2_any_nan(m)) return amax8_bf16(u);
+  return __uint_as_float(max(m & 0xFFFFu, m >> 16) << 16);  // non-negative: bits order as values
+}
+
 // Preconditions (checked by the launcher): M % 128 == 0, K % 128 == 0, x and qt 16-byte
 // aligned, q 8-byte aligned. No bounds checks.
-template <bool k2D>
+// kLean (v14, 1×128 only): the same values with fewer instructions per element — block amaxes
+// by packed bf16x2 maxima (amax8_bf16_packed; the columns' 32 words by a tree, NaN through
+// amax_combine), and each row block's scale divided out once per half-warp (lane g computes the
+// scale of chunk g % 8 and the half-warp shuffles it) instead of by every lane for each of its
+// eight chunks.
+template <bool k2D, bool kLean = false>
 __global__ void __launch_bounds__(kThreads, 3)
     fp8_block_v9_kernel(const uint16_t* __restrict__ x,  // [M, K] bf16
                         int64_t M, int64_t K, bool e5m2, float fmax, bool pow2, float eps,
@@ -439,19 +453,50 @@ __global__ void __launch_bounds__(kThreads, 3)
     raw[j] = *reinterpret_cast<const uint4*>(x + (m0 + r) * K + k0 + 8 * g);
   }
   float tile_amax = 0.0f;
+  if constexpr (kLean && !k2D) {
+    // Row amaxes of the thread's eight chunks, each over its half-warp.
+    float a[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int r = 16 * j + 2 * warp + (lane >> 4);
-    tile[r][fp8_block_swizzle(r, g)] = raw[j];
-    float a = amax8_bf16(raw[j]);
-    tile_amax = fmax_num(tile_amax, a);
-    if constexpr (!k2D) {
+    for (int j = 0; j < 8; ++j) {
+      const int r = 16 * j + 2 * warp + (lane >> 4);
+      tile[r][fp8_block_swizzle(r, g)] = raw[j];
+      a[j] = amax8_bf16_packed(raw[j]);
+      tile_amax = fmax_num(tile_amax, a[j]);
 #pragma unroll
-      for (int o = 8; o > 0; o >>= 1) a = fmax_num(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
-      if (q != nullptr) {
-        const float s = compute_scale_from_amax(a, fmax, pow2, eps, value_for_inf);
-        *reinterpret_cast<uint2*>(q + (m0 + r) * K + k0 + 8 * g) = fp8_codes8(raw[j], s, e5m2);
-        if (g == 0) q_scale[vec128_scale_index(m0 + r, kb_idx, M)] = scale_inv_from_scale(s);
+      for (int o = 8; o > 0; o >>= 1) a[j] = fmax_num(a[j], __shfl_xor_sync(0xFFFFFFFFu, a[j], o));
+    }
+    // Lane g divides for chunk g % 8 (lanes 8..15 repeat 0..7) and writes that row's scale_inv.
+    float aj = a[0];
+#pragma unroll
+    for (int j = 1; j < 8; ++j) aj = (g & 7) == j ? a[j] : aj;
+    const float s_own = compute_scale_from_amax(aj, fmax, pow2, eps, value_for_inf);
+    if (q != nullptr) {
+      if (g < 8) {
+        const int r = 16 * g + 2 * warp + (lane >> 4);
+        q_scale[vec128_scale_index(m0 + r, kb_idx, M)] = scale_inv_from_scale(s_own);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float sj = __shfl_sync(0xFFFFFFFFu, s_own, (lane & 16) | j);
+        const int r = 16 * j + 2 * warp + (lane >> 4);
+        *reinterpret_cast<uint2*>(q + (m0 + r) * K + k0 + 8 * g) = fp8_codes8(raw[j], sj, e5m2);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int r = 16 * j + 2 * warp + (lane >> 4);
+      tile[r][fp8_block_swizzle(r, g)] = raw[j];
+      float a = amax8_bf16(raw[j]);
+      tile_amax = fmax_num(tile_amax, a);
+      if constexpr (!k2D) {
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) a = fmax_num(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+        if (q != nullptr) {
+          const float s = compute_scale_from_amax(a, fmax, pow2, eps, value_for_inf);
+          *reinterpret_cast<uint2*>(q + (m0 + r) * K + k0 + 8 * g) = fp8_codes8(raw[j], s, e5m2);
+          if (g == 0) q_scale[vec128_scale_index(m0 + r, kb_idx, M)] = scale_inv_from_scale(s);
+        }
       }
     }
   }
@@ -501,12 +546,26 @@ __global__ void __launch_bounds__(kThreads, 3)
     float s[2] = {s_tile, s_tile};
     if constexpr (!k2D) {
       float a[2] = {0.0f, 0.0f};
+      bool slow = !kLean;
+      if constexpr (kLean) {  // both columns' 32 values by 31 packed maxima, NaN as below
+        uint32_t w[32];
 #pragma unroll
-      for (int seg = 0; seg < 2; ++seg) {
+        for (int i = 0; i < 32; ++i) w[i] = col[i / 16][i % 16];
+        const uint32_t m = bf16x2_absmax_tree(w);
+        slow = bf16x2_any_nan(m);
+        a[0] = __uint_as_float(m << 16);
+        a[1] = __uint_as_float(m & 0xFFFF0000u);
+      }
+      if (slow) {
+        a[0] = 0.0f;
+        a[1] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          a[0] = amax_combine(a[0], __uint_as_float(col[seg][i] << 16));
-          a[1] = amax_combine(a[1], __uint_as_float(col[seg][i] & 0xFFFF0000u));
+        for (int seg = 0; seg < 2; ++seg) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            a[0] = amax_combine(a[0], __uint_as_float(col[seg][i] << 16));
+            a[1] = amax_combine(a[1], __uint_as_float(col[seg][i] & 0xFFFF0000u));
+          }
         }
       }
 #pragma unroll
@@ -558,9 +617,12 @@ int grid_for(int64_t n) {
 int quant_kernels_version() {
   static const int version = [] {
     const char* env = std::getenv("LOWBIT_QUANT_KERNELS");
-    if (env == nullptr) return 13;
+    if (env == nullptr) return 14;
     const std::string_view v(env);
-    return v == "v8" ? 8 : v == "v9" ? 9 : v == "v10" ? 10 : v == "v11" ? 11 : v == "v12" ? 12 : 13;
+    if (v == "v8" || v == "v9" || v == "v10" || v == "v11" || v == "v12" || v == "v13") {
+      return std::atoi(env + 1);
+    }
+    return 14;
   }();
   return version;
 }
@@ -623,7 +685,10 @@ void fp8_block(const T* x, int64_t M, int64_t K, bool two_d, bool e5m2, float fm
                       reinterpret_cast<uintptr_t>(q) % 8 == 0 &&
                       reinterpret_cast<uintptr_t>(qt) % 16 == 0;
     if (full && !legacy_kernels()) {
-      auto kern = two_d ? fp8_block_v9_kernel<true> : fp8_block_v9_kernel<false>;
+      // v14: the lean 1×128 kernel (LOWBIT_QUANT_KERNELS=v13 keeps v9's).
+      auto kern = two_d                           ? fp8_block_v9_kernel<true>
+                  : quant_kernels_version() >= 14 ? fp8_block_v9_kernel<false, true>
+                                                  : fp8_block_v9_kernel<false>;
       pdl::launch(kern, grid, kThreads, 0, stream, x, M, K, e5m2, fmax, pow2, eps, value_for_inf, q,
                   q_scale, qt, qt_scale, amax_out);
       LOWBIT_CUDA_CHECK_LAUNCH();

@@ -536,34 +536,6 @@ struct Nvfp4V11Smem {
   uint8_t ts[kV11M / 16][kV11K / 16];  // 16×16 blocks (kTwoD): scale code of block [mb][kb]
 };
 
-// Half by half max(|a|, |b|) of two bf16 pairs, NaN in either operand giving NaN. The sign bits of
-// the result are the XOR of the operands' (the .xorsign.abs form) and mean nothing: callers mask
-// them. |.| of bf16 values is exact, so the max is one of the |values|, as amax_combine's.
-__device__ __forceinline__ uint32_t bf16x2_absmax_nan(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
-// bf16x2_absmax_nan over N words (N a power of two) as a tree; the result's sign bits cleared.
-template <int N>
-__device__ __forceinline__ uint32_t bf16x2_absmax_tree(const uint32_t (&w)[N]) {
-  if constexpr (N == 1) {
-    return w[0] & 0x7FFF7FFFu;
-  } else {
-    uint32_t m[N / 2];
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) m[i] = bf16x2_absmax_nan(w[i], w[i + N / 2]);
-    return bf16x2_absmax_tree<N / 2>(m);
-  }
-}
-
-// Either half of a masked absmax word is NaN (above 0x7F80): adding 0x7F carries into bit 15 of
-// that half exactly then (no carry crosses halves: 0x7FFF + 0x7F < 0x10000).
-__device__ __forceinline__ bool bf16x2_any_nan(uint32_t masked) {
-  return ((masked + 0x007F007Fu) & 0x80008000u) != 0;
-}
-
 // Two scale codes at once (lo, hi): block_scale_fast of both with one cvt.
 __device__ __forceinline__ uint32_t block_scale_pair(float amax_lo, float amax_hi, float k) {
   return cvt_fp8x2(fmin_num(mul_rn(amax_lo, k), f32_max_finite()),

@@ -24,9 +24,10 @@ namespace lowbit::quant_cuda {
 // ones (v11's NVFP4 quantize pass off), =v11 the v11 ones (FP8 current scaling by an amax
 // kernel, a scale kernel and the cast instead of v12's amax_scale and the cast; the NVFP4 amax
 // pass folding into zeroed outputs instead of the reduction words), =v12 the v12 ones (NVFP4
-// 16×16 blocks on the generic tile kernel instead of v13's full-tile kernel), anything else the
-// current ones. Results are byte-identical either way.
-int quant_kernels_version();  // 8, 9, 10, 11, 12 or 13 (default)
+// 16×16 blocks on the generic tile kernel instead of v13's full-tile kernel), =v13 the v13 ones
+// (FP8 1×128 blocks by v9's kernel instead of v14's lean variant), anything else the current
+// ones. Results are byte-identical either way.
+int quant_kernels_version();  // 8 .. 13, or 14 (default)
 bool legacy_kernels();        // quant_kernels_version() == 8
 
 // *amax_out = max(*amax_out, max |x|) over n elements (NaN skipped).
