@@ -94,14 +94,18 @@ __global__ void __launch_bounds__(kThreads) mx_kernel(const T* __restrict__ x, M
 // then lie on different banks). Column codes are staged per row (16-byte chunk c of row r at
 // c ^ ((r / 8) % 4)) and written as 16 bytes per thread. Every value is the same operation on
 // the same operands as in mx_kernel (v8).
-template <bool kE5M2>
+// kKFast (v15): blockIdx.x walks K and blockIdx.y M, so the blocks resident together read (and
+// write) long runs of the same rows instead of 64-row bands spread over every row of a tall
+// tensor (nothing here is transposed, so M-fastest buys no write locality).
+template <bool kE5M2, bool kKFast = false>
 __global__ void __launch_bounds__(kThreads)
     mx8_v10_kernel(const uint16_t* __restrict__ x, MxArgs a) {
   constexpr DType kType = kE5M2 ? DType::kE5M2 : DType::kE4M3;
   __shared__ uint4 tile[kT][kT / 8];  // bf16 granules, swizzled (8 KB)
   __shared__ uint4 cc[kT][kT / 16];   // columnwise codes, 16-byte chunks, swizzled (4 KB)
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int64_t m0 = int64_t(blockIdx.x) * kT, k0 = int64_t(blockIdx.y) * kT;
+  const int64_t m0 = int64_t(kKFast ? blockIdx.y : blockIdx.x) * kT;
+  const int64_t k0 = int64_t(kKFast ? blockIdx.x : blockIdx.y) * kT;
   const int r = t >> 2, c4 = t & 3;  // row, 16-element piece of the row
   const uint16_t* src = x + (m0 + r) * a.K + k0 + 16 * c4;
   const uint4 raw0 = *reinterpret_cast<const uint4*>(src);
@@ -201,7 +205,16 @@ void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, boo
       (t == DType::kE4M3 || t == DType::kE5M2) && M % kT == 0 && K % kT == 0 &&
       reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     const auto* xb = reinterpret_cast<const uint16_t*>(x);
-    if (t == DType::kE5M2) {
+    // v15: K-fastest block order where M / 64 fits the grid's y extent (LOWBIT_QUANT_KERNELS=v14
+    // keeps M fastest).
+    if (quant_kernels_version() >= 15 && M / kT <= 65535) {
+      const dim3 grid_k(unsigned(K / kT), unsigned(M / kT));
+      if (t == DType::kE5M2) {
+        mx8_v10_kernel<true, true><<<grid_k, kThreads, 0, stream>>>(xb, a);
+      } else {
+        mx8_v10_kernel<false, true><<<grid_k, kThreads, 0, stream>>>(xb, a);
+      }
+    } else if (t == DType::kE5M2) {
       mx8_v10_kernel<true><<<grid, kThreads, 0, stream>>>(xb, a);
     } else {
       mx8_v10_kernel<false><<<grid, kThreads, 0, stream>>>(xb, a);

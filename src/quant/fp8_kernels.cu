@@ -617,12 +617,13 @@ int grid_for(int64_t n) {
 int quant_kernels_version() {
   static const int version = [] {
     const char* env = std::getenv("LOWBIT_QUANT_KERNELS");
-    if (env == nullptr) return 14;
+    if (env == nullptr) return 15;
     const std::string_view v(env);
-    if (v == "v8" || v == "v9" || v == "v10" || v == "v11" || v == "v12" || v == "v13") {
+    if (v == "v8" || v == "v9" || v == "v10" || v == "v11" || v == "v12" || v == "v13" ||
+        v == "v14") {
       return std::atoi(env + 1);
     }
-    return 14;
+    return 15;
   }();
   return version;
 }

@@ -25,9 +25,10 @@ namespace lowbit::quant_cuda {
 // kernel, a scale kernel and the cast instead of v12's amax_scale and the cast; the NVFP4 amax
 // pass folding into zeroed outputs instead of the reduction words), =v12 the v12 ones (NVFP4
 // 16×16 blocks on the generic tile kernel instead of v13's full-tile kernel), =v13 the v13 ones
-// (FP8 1×128 blocks by v9's kernel instead of v14's lean variant), anything else the current
-// ones. Results are byte-identical either way.
-int quant_kernels_version();  // 8 .. 13, or 14 (default)
+// (FP8 1×128 blocks by v9's kernel instead of v14's lean variant), =v14 the v14 ones (MXFP8
+// blocks walking M fastest instead of v15's K fastest), anything else the current ones. Results
+// are byte-identical either way.
+int quant_kernels_version();  // 8 .. 14, or 15 (default)
 bool legacy_kernels();        // quant_kernels_version() == 8
 
 // *amax_out = max(*amax_out, max |x|) over n elements (NaN skipped).
