@@ -1037,8 +1037,9 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
     LOWBIT_CHECK((M / kV11M) * (K / kV11K) < (int64_t(1) << 30),
                  "nvfp4: {}x{} has too many 128x64 tiles for the tile walk", M, K);
     // Tile groups of 16 M-tiles from 64 M elements up (see the kernel), without stochastic
-    // rounding: the SR pass ran ~6 % slower grouped (0.748 → 0.792 ms at 16384 × 8192, two
-    // consecutive calls on an H100, not an A/B in one call).
+    // rounding: in one call on an H100 (bench/results/h100-2026-11-27/nvfp4-tile-groups-0004)
+    // groups of 8 ran the same as 16, 4 and 32 slower, and the SR pass 3-5 % slower grouped
+    // (8192² amax given 0.1836 → 0.1941 ms), so it keeps the M-fastest walk.
     a.group_m = !sr && M * K >= (int64_t(1) << 26) ? 16 : 0;
     const int64_t n_tiles = (M / kV11M) * (K / kV11K);
     const auto* xb = reinterpret_cast<const uint16_t*>(x);
