@@ -200,7 +200,8 @@ void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, boo
   if (M == 0 || K == 0) return;
   const dim3 grid(unsigned(ceil_div(M, kT)), unsigned(ceil_div(K, kT)));
   MxArgs a{M, K, t, rounding, rowwise, columnwise, sr, row_key, col_key, q, q_scale, qc, qc_scale};
-  // v10 (default): MXFP8 with round to nearest, bf16, full 64×64 tiles, 16-byte aligned source.
+  // v10+: MXFP8 with round to nearest, bf16, full 64×64 tiles, 16-byte aligned source (block
+  // order below).
   if (quant_kernels_version() >= 10 && std::is_same_v<T, uint16_t> && !sr &&
       (t == DType::kE4M3 || t == DType::kE5M2) && M % kT == 0 && K % kT == 0 &&
       reinterpret_cast<uintptr_t>(x) % 16 == 0) {

@@ -421,9 +421,9 @@ __device__ __forceinline__ float amax8_bf16_packed(const uint4& u) {
 // aligned, q 8-byte aligned. No bounds checks.
 // kLean (v14, 1×128 only): the same values with fewer instructions per element — block amaxes
 // by packed bf16x2 maxima (amax8_bf16_packed; the columns' 32 words by a tree, NaN through
-// amax_combine), and each row block's scale divided out once per half-warp (lane g computes the
-// scale of chunk g % 8 and the half-warp shuffles it) instead of by every lane for each of its
-// eight chunks.
+// amax_combine), and each lane divides once instead of eight times: lane g computes the scale of
+// its half-warp's chunk g % 8 (lanes g and g + 8 both, 2 divisions per row block instead of 16)
+// and the half-warp shuffles the eight scales.
 template <bool k2D, bool kLean = false>
 __global__ void __launch_bounds__(kThreads, 3)
     fp8_block_v9_kernel(const uint16_t* __restrict__ x,  // [M, K] bf16

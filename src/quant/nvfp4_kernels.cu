@@ -9,7 +9,7 @@
 //
 // Kernel generations (LOWBIT_QUANT_KERNELS selects an older one for A/B runs, quant_cuda.h):
 //  * nvfp4_kernel (v8, v9): the generic tile kernel, 64×64 fp32 tiles in shared memory; every
-//    shape, fp32 sources, 16×16 weights.
+//    shape, fp32 sources, 16×16 blocks off full bf16 tiles or with stochastic rounding.
 //  * nvfp4_amax_v9_kernel: the amax pass for bf16 sources, no shared memory.
 //  * nvfp4_quant_v10_kernel: the 1×16 quantize pass for bf16 full 128×64 tiles.
 //  * nvfp4_quant_v11_kernel (default): the same tiles with a persistent grid that prefetches the
@@ -485,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
   }
 }
 
-// ---- NVFP4 quantize pass, v11 (default): 1×16 blocks, bf16 source, full 128×64 tiles ----------
+// ---- NVFP4 quantize pass, v11 (default): 1×16 (and, v13, 16×16) blocks, bf16, full 128×64 tiles
 //
 // v10's tile, thread tasks and staging layout (see above), with the work per element cut down
 // and the loads kept in flight:
@@ -642,8 +642,8 @@ __device__ __forceinline__ void nvfp4_v11_load(const uint16_t* __restrict__ xt, 
   }
 }
 
-// Preconditions (checked by the launcher): !two_d, M % 128 == 0, K % 64 == 0, x 16-byte aligned;
-// the grid is at most the number of tiles. Outputs as in nvfp4_kernel.
+// Preconditions (checked by the launcher): two_d == kTwoD, M % 128 == 0, K % 64 == 0, x 16-byte
+// aligned; the grid is at most the number of tiles. Outputs as in nvfp4_kernel.
 // Blocks per SM: 3 without stochastic rounding (80 registers, no spills; at 2 blocks the 16 warps
 // per SM issued 0.70 instructions per scheduler-cycle under ncu, and 3 blocks cut the 8192²
 // pass 0.1216 → 0.1154 ms on the H100; 4 blocks at 64 registers ran the same as 3), 2 with it
