@@ -439,7 +439,9 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& opt) {
             gemm(ctx, a, b, out, gopt);
             LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream));
             const GemmCudaLastCall algo = gemm_cuda_last_call();
-            if (algo.valid) {
+            if (algo.valid && algo.fused_dequant) {
+              algo_note = "fused dequantization kernel";
+            } else if (algo.valid) {
               algo_note = fmt::format("algo #{} of {}{}", algo.algo_index + 1, algo.candidates,
                                       algo.autotuned ? " (timed)" : "");
             }

@@ -333,6 +333,31 @@ bool gemm_autotune() {
   return v != 0;
 }
 
+namespace {
+// -1: not yet decided (read LOWBIT_GEMM_FUSED on first use), else a FusedDequant.
+std::atomic<int> g_fused{-1};
+}  // namespace
+
+FusedDequant gemm_fused_from_env(const char* value) {
+  if (value == nullptr) return FusedDequant::kAuto;
+  std::string v(value);
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "auto" || v.empty()) return FusedDequant::kAuto;
+  return gemm_autotune_from_env(value) ? FusedDequant::kOn : FusedDequant::kOff;
+}
+
+void set_gemm_fused_dequant(FusedDequant mode) { g_fused.store(static_cast<int>(mode)); }
+
+FusedDequant gemm_fused_dequant() {
+  int v = g_fused.load();
+  if (v < 0) {
+    const int from_env = static_cast<int>(gemm_fused_from_env(std::getenv("LOWBIT_GEMM_FUSED")));
+    g_fused.compare_exchange_strong(v, from_env);
+    v = g_fused.load();
+  }
+  return static_cast<FusedDequant>(v);
+}
+
 void gemm(Context& ctx, const GemmOperand& a, const GemmOperand& b, const TensorView& out,
           const GemmOptions& opt) {
   const CanonGemm g = canonicalize(ctx, a, b, out, opt);

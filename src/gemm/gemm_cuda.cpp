@@ -12,9 +12,11 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "gemm/fused_dequant_gemm.h"
 #include "gemm/gemm_cuda_kernels.h"
 #include "gemm/gemm_internal.h"
 #include "lowbit/core/cuda_check.h"
@@ -119,6 +121,7 @@ std::map<PlanKey, Plan>& plan_cache() {
 }
 
 thread_local GemmCudaLastCall g_last_call;
+int g_fused_max_ctas = 0;  // set_gemm_fused_max_ctas (tests): persistent grid cap, 0 = SMs
 
 std::string describe(const LtProblem& p) {
   return fmt::format(
@@ -500,6 +503,7 @@ bool run_lt(Context& ctx, const LtProblem& p) {
   last.algo_index = index;
   last.autotuned = autotune && plan.timed;
   last.bias_epilogue = plan.bias_epilogue;
+  last.fused_dequant = false;
   std::memcpy(last.algo, &algo, sizeof(last.algo));
   return plan.bias_epilogue;
 }
@@ -607,7 +611,117 @@ LtOperand emulated_operand(const CanonOperand& o, uint16_t* buf, const float** n
   return l;
 }
 
+// The fused-dequantization kernel's operand kind for A' (and B'), or none when the pair does not
+// qualify: two NVFP4 operands, or two MX operands with FP8 codes, A''s copy K-contiguous.
+std::optional<gemm_kernels::FusedKind> fused_kind(const CanonGemm& g) {
+  if (g.a.q == nullptr || g.b.q == nullptr) return std::nullopt;
+  const QuantizedTensor& a = *g.a.q;
+  const QuantizedTensor& b = *g.b.q;
+  if (is_nvfp4_mode(a.mode) && is_nvfp4_mode(b.mode)) return gemm_kernels::FusedKind::kNvfp4;
+  const auto fp8 = [](DType t) { return t == DType::kE4M3 || t == DType::kE5M2; };
+  if (a.mode == ScalingMode::kMX1x32 && b.mode == ScalingMode::kMX1x32 && fp8(a.dtype) &&
+      fp8(b.dtype) && g.a.usage == Usage::kRowwise) {
+    return a.dtype == DType::kE4M3 ? gemm_kernels::FusedKind::kE4M3
+                                   : gemm_kernels::FusedKind::kE5M2;
+  }
+  return std::nullopt;
+}
+
+// The emulated GEMM through fused_dequant_gemm.cu where it applies (see fused_kind and
+// fused_gemm_shape_ok; out, c and the codes aligned for its stores and TMA): B' is dequantized
+// into the permuted 16-bit copy (with the NVFP4 alpha' in the same launch), then one kernel
+// converts A' in its mainloop and adds beta · c and the bias in its epilogue. False: nothing ran.
+bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
+                        const GemmOptions& opt, const void* c_data, int64_t ldd) {
+  const FusedDequant mode = gemm_fused_dequant();
+  if (mode == FusedDequant::kOff) return false;
+  const std::optional<gemm_kernels::FusedKind> kind = fused_kind(g);
+  if (!kind || !gemm_kernels::fused_gemm_shape_ok(*kind, g.R, g.C, g.Kc)) return false;
+  if (mode == FusedDequant::kAuto &&
+      (*kind != gemm_kernels::FusedKind::kNvfp4 || !gemm_kernels::fused_gemm_fills_gpu(g.R, g.C))) {
+    return false;
+  }
+  const Tensor& a_data = copy_data(g.a);
+  const Tensor& a_scale = copy_scale(g.a);
+  const Tensor& b_data = copy_data(g.b);
+  const Tensor& b_scale = copy_scale(g.b);
+  if (!a_data.defined() || !a_scale.defined() || !b_data.defined() || !b_scale.defined()) {
+    return false;  // the general path reports the missing copy
+  }
+  const auto aligned = [](const void* p, uintptr_t n) {
+    return reinterpret_cast<uintptr_t>(p) % n == 0;
+  };
+  if (ldd % 8 != 0 || !aligned(out.data, 16) || (c_data != nullptr && !aligned(c_data, 16)) ||
+      !aligned(a_data.data(), 16) || !aligned(a_scale.data(), 4) || !aligned(b_data.data(), 16)) {
+    return false;
+  }
+  const bool nv = *kind == gemm_kernels::FusedKind::kNvfp4;
+  const bool b_rowwise = g.b.usage == Usage::kRowwise || nv;  // NVFP4 copies are K-contiguous
+  const int64_t br = b_data.shape()[0], bc = b_data.shape()[1];
+  LOWBIT_CHECK(b_rowwise ? (br == g.C && bc == g.Kc) : (br == g.Kc && bc == g.C),
+               "gemm_cuda: copy {} does not match rows {} kc {}", b_data.view().str(), g.C, g.Kc);
+
+  cudaStream_t stream = ctx.stream();
+  const size_t buf_bytes = align_up(size_t(g.C) * size_t(g.Kc) * 2);
+  auto* ws = static_cast<char*>(ctx.workspace(buf_bytes + kAlign));
+  auto* b_perm = reinterpret_cast<uint16_t*>(ws);
+  auto* scalars = reinterpret_cast<float*>(ws + buf_bytes);
+
+  gemm_kernels::DequantJob job;
+  job.codes = b_data.ptr<const uint8_t>();
+  job.t = g.b.q->dtype;
+  job.rows = g.C;
+  job.cols = g.Kc;
+  job.scales = b_scale.ptr<const uint8_t>();
+  job.layout = nv ? gemm_kernels::DequantScales::kNvfp4
+                  : (b_rowwise ? gemm_kernels::DequantScales::kMxRowwise
+                               : gemm_kernels::DequantScales::kMxColumnwise);
+  job.out = b_perm;
+  gemm_kernels::Nvfp4Alpha alpha;
+  if (nv) {
+    const Tensor& amax_a = copy_amax(g.a);
+    const Tensor& amax_b = copy_amax(g.b);
+    LOWBIT_CHECK(amax_a.defined() && amax_b.defined(),
+                 "gemm_cuda: an NVFP4 operand has no global amax for its copy");
+    alpha = gemm_kernels::Nvfp4Alpha{opt.alpha, opt.beta, amax_a.ptr<const float>(),
+                                     amax_b.ptr<const float>(), scalars};
+  }
+  gemm_kernels::dequant_b_permuted(job, *kind, nv ? &alpha : nullptr, stream);
+
+  gemm_kernels::FusedGemmArgs fa;
+  fa.kind = *kind;
+  fa.a_codes = a_data.ptr<const uint8_t>();
+  fa.a_scales = a_scale.ptr<const uint8_t>();
+  fa.b_perm = b_perm;
+  fa.R = g.R;
+  fa.C = g.C;
+  fa.K = g.Kc;
+  fa.alpha_dev = nv ? scalars : nullptr;
+  fa.alpha = opt.alpha;
+  fa.beta = opt.beta;
+  fa.c = c_data;
+  fa.out = out.data;
+  fa.out_f32 = out.dtype == DType::kF32;
+  fa.ldd = ldd;
+  if (opt.bias != nullptr) {
+    fa.bias = opt.bias->data;
+    fa.bias_bf16 = opt.bias->dtype == DType::kBF16;
+  }
+  fa.max_ctas = g_fused_max_ctas;
+  gemm_kernels::fused_gemm(fa, stream);
+
+  GemmCudaLastCall& last = g_last_call;
+  last = GemmCudaLastCall{};
+  last.valid = true;
+  last.candidates = 1;
+  last.bias_epilogue = opt.bias != nullptr;
+  last.fused_dequant = true;
+  return true;
+}
+
 }  // namespace
+
+void set_gemm_fused_max_ctas(int n) { g_fused_max_ctas = n; }
 
 void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const GemmOptions& opt) {
   LOWBIT_CHECK(ctx.on_gpu(), "gemm_cuda on a CPU context");
@@ -657,6 +771,9 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
       LOWBIT_CUDA_CHECK(cudaMemcpy2DAsync(out.data, ldd * esz, c_data, ldd * esz, g.C * esz, g.R,
                                           cudaMemcpyDeviceToDevice, stream));
     }
+  } else if (g.backend == GemmBackend::kEmulatedBf16 &&
+             try_fused_emulated(ctx, g, out, opt, c_data, ldd)) {
+    bias_done = true;  // in the fused kernel's epilogue
   } else {
     LtProblem p;
     p.m = g.C;

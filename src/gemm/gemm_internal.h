@@ -53,12 +53,33 @@ struct GemmCudaLastCall {
   bool autotuned = false;      // chosen by timing (false: the first choice, untimed)
   bool bias_epilogue = false;  // the bias was added in cuBLASLt's epilogue (one rounding)
   uint64_t algo[8] = {};       // the cublasLtMatmulAlgo_t that ran
+  // The emulated MX / NVFP4 GEMM ran as the fused-dequantization kernel (fused_dequant_gemm.cu)
+  // instead of dequantization + cuBLASLt (then candidates = 1, algo_index = 0, algo unset, and
+  // bias_epilogue tells whether a bias was added in its epilogue).
+  bool fused_dequant = false;
 };
 GemmCudaLastCall gemm_cuda_last_call();
 
 // The autotuning default that an LOWBIT_GEMM_AUTOTUNE value gives: false for "0", "off",
 // "false" and "no" (any case), true otherwise (unset included).
 bool gemm_autotune_from_env(const char* value);
+
+// When the emulated MX / NVFP4 path runs the fused-dequantization kernel (fused_dequant_gemm.cu)
+// instead of dequantization + cuBLASLt. It can run an FP8 (MX) or NVFP4 pair with A'
+// K-contiguous, R % 128, C % 256 and K % 64 (MX: 128). kAuto (the default) takes it for NVFP4
+// pairs whose 128 × 256 tiles fill every SM at least once (fewer tiles, e.g. the wgrad of a
+// small layer, leave SMs idle: bench/results/h100-2026-11-27/); kOn wherever it can run (tests,
+// A/B timing); kOff never. LOWBIT_GEMM_FUSED=0 / off, 1 / on, auto; set_gemm_fused_dequant()
+// overrides the environment for the whole process.
+enum class FusedDequant : uint8_t { kOff, kAuto, kOn };
+void set_gemm_fused_dequant(FusedDequant mode);
+// The mode an LOWBIT_GEMM_FUSED value gives: kAuto when unset, empty or "auto" (any case); kOff
+// for the values gemm_autotune_from_env reads as off; kOn otherwise.
+FusedDequant gemm_fused_from_env(const char* value);
+FusedDequant gemm_fused_dequant();
+// Caps the fused kernel's persistent grid at n CTAs (0: one per SM), so that tests reach several
+// tiles per CTA at small shapes.
+void set_gemm_fused_max_ctas(int n);
 
 // CPU backend: f32 sgemm over the dequantized operands.
 void gemm_cpu(const CanonGemm& g, const TensorView& out, const GemmOptions& opt);

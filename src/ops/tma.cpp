@@ -50,4 +50,26 @@ bool make_bthd_map(CUtensorMap* map, const void* x, int64_t B, int64_t T, int64_
   return true;
 }
 
+bool make_2d_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, int64_t inner,
+                 int64_t outer, int64_t row_stride_bytes, uint32_t box_inner, uint32_t box_outer,
+                 CUtensorMapSwizzle swizzle) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  if (inner <= 0 || outer <= 0 || row_stride_bytes % 16 != 0 ||
+      row_stride_bytes >= (int64_t{1} << 40)) {
+    return false;
+  }
+  const cuuint64_t dims[2] = {cuuint64_t(inner), cuuint64_t(outer)};
+  const cuuint64_t strides[1] = {cuuint64_t(row_stride_bytes)};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  CUtensorMap m;
+  const CUresult r = encode(&m, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return false;
+  *map = m;
+  return true;
+}
+
 }  // namespace lowbit::tma

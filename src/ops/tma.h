@@ -19,4 +19,12 @@ namespace lowbit::tma {
 bool make_bthd_map(CUtensorMap* map, const void* x, int64_t B, int64_t T, int64_t heads, int64_t dh,
                    int64_t sb, int64_t st, int64_t sh);
 
+// A 2-D tensor map over a row-major matrix of `outer` rows × `inner` elements (row stride
+// `row_stride_bytes`, a multiple of 16) whose box is box_outer rows × box_inner elements, with
+// the given shared-memory swizzle. Boxes past the matrix read as zeros. False (and *map
+// untouched) when the driver has no TMA or rejects the layout.
+bool make_2d_map(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, int64_t inner,
+                 int64_t outer, int64_t row_stride_bytes, uint32_t box_inner, uint32_t box_outer,
+                 CUtensorMapSwizzle swizzle);
+
 }  // namespace lowbit::tma

@@ -424,6 +424,23 @@ TEST(GemmPolicy, AutotuneSetting) {
   EXPECT_EQ(gemm_autotune(), before);
 }
 
+// LOWBIT_GEMM_FUSED: unset, empty or "auto" → kAuto; the off words → kOff; anything else → kOn.
+// The setter overrides it.
+TEST(GemmPolicy, FusedDequantSetting) {
+  EXPECT_EQ(gemm_fused_from_env(nullptr), FusedDequant::kAuto);
+  EXPECT_EQ(gemm_fused_from_env(""), FusedDequant::kAuto);
+  EXPECT_EQ(gemm_fused_from_env("AUTO"), FusedDequant::kAuto);
+  for (const char* v : {"1", "on", "yes"})
+    EXPECT_EQ(gemm_fused_from_env(v), FusedDequant::kOn) << v;
+  for (const char* v : {"0", "off", "No"})
+    EXPECT_EQ(gemm_fused_from_env(v), FusedDequant::kOff) << v;
+  const FusedDequant before = gemm_fused_dequant();
+  set_gemm_fused_dequant(FusedDequant::kOff);
+  EXPECT_EQ(gemm_fused_dequant(), FusedDequant::kOff);
+  set_gemm_fused_dequant(before);
+  EXPECT_EQ(gemm_fused_dequant(), before);
+}
+
 TEST(GemmPolicy, FastAccumulationFollowsTe) {
   Context ctx(Device::cpu());
   const int64_t m = 32, n = 32, k = 32;

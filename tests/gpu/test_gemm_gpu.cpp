@@ -1055,3 +1055,191 @@ TEST_F(GpuGemm, AutotuneWaitsForTheEndOfAGraphCapture) {
 
 }  // namespace
 }  // namespace lowbit
+
+namespace lowbit {
+namespace {
+
+// Sets the fused-dequantization switch (and the grid cap) for a scope, then restores them.
+class FusedScope {
+ public:
+  explicit FusedScope(FusedDequant mode, int max_ctas = 0) : prev_(gemm_fused_dequant()) {
+    set_gemm_fused_dequant(mode);
+    set_gemm_fused_max_ctas(max_ctas);
+  }
+  ~FusedScope() {
+    set_gemm_fused_dequant(prev_);
+    set_gemm_fused_max_ctas(0);
+  }
+  FusedScope(const FusedScope&) = delete;
+  FusedScope& operator=(const FusedScope&) = delete;
+
+ private:
+  FusedDequant prev_;
+};
+
+// Whether gemm() should take the fused kernel for this recipe and role (fused_kind and
+// fused_gemm_shape_ok in src/gemm).
+bool fused_applies(const Recipe& rc, GemmRole role, int64_t M, int64_t N, int64_t K) {
+  const Roles ro = role_operands(role, Operand{}, Operand{}, Operand{}, M, N, K);
+  const bool nv = rc.name == "nvfp4";
+  if (!nv && rc.name != "mxfp8_hybrid") return false;
+  if (!nv && role == GemmRole::kWgrad) return false;  // MX columnwise copies are not transposed
+  return ro.R % 128 == 0 && ro.C % 256 == 0 && ro.Kc % (nv ? 64 : 128) == 0;
+}
+
+Recipe recipe_named(const std::string& name) {
+  for (const Recipe& r : recipes()) {
+    if (r.name == name) return r;
+  }
+  ADD_FAILURE() << "no recipe " << name;
+  return recipes().front();
+}
+
+// The fused kernel against the float64 reference: NVFP4 and MXFP8, every role where it applies
+// (the others run the unfused path and are checked alike), every fill; an odd number of k-steps;
+// a grid capped at 2 CTAs so that each walks several tiles through the ring.
+TEST_F(GpuGemm, FusedDequantGemmMatchesFloat64Reference) {
+  if (!emulated_on_this_gpu()) GTEST_SKIP() << "sm_100+: MX / NVFP4 are not emulated";
+  Context ctx(Device::cuda(0));
+  struct Case {
+    int64_t m, n, k;
+    int max_ctas;
+  };
+  const std::vector<Case> cases = {
+      {256, 512, 768, 0}, {384, 256, 1280, 0}, {128, 256, 576, 0}, {512, 768, 256, 2}};
+  for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
+    const Recipe rc = recipe_named(name);
+    for (const Case& cs : cases) {
+      FusedScope fused(FusedDequant::kOn, cs.max_ctas);
+      for (Fill f : {Fill::kNormal, Fill::kHeavyTail, Fill::kCancel, Fill::kTiny, Fill::kZeros}) {
+        const Problem p = make_problem(ctx, rc, cs.m, cs.n, cs.k, f, 300 + cs.m + cs.k);
+        for (GemmRole role : kRoles) {
+          check_role(ctx, rc, p.x, p.w, p.dy, cs.m, cs.n, cs.k, role, RunSpec{}, fill_name(f));
+          EXPECT_EQ(g_checked_call.fused_dequant, fused_applies(rc, role, cs.m, cs.n, cs.k))
+              << name << " " << gemm_role_name(role) << " " << cs.m << "x" << cs.n << "x" << cs.k;
+        }
+      }
+    }
+  }
+  // The default (kAuto) leaves these small problems (fewer tiles than SMs) and MX to the
+  // unfused path.
+  FusedScope automatic(FusedDequant::kAuto);
+  for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
+    const Recipe rc = recipe_named(name);
+    const Problem p = make_problem(ctx, rc, 256, 512, 768, Fill::kNormal, 5);
+    check_role(ctx, rc, p.x, p.w, p.dy, 256, 512, 768, GemmRole::kFprop, RunSpec{}, "auto");
+    EXPECT_FALSE(g_checked_call.fused_dequant) << name;
+  }
+}
+
+// The fused kernel's general epilogue: f32 and bf16 out, alpha, beta into out and into a
+// separate c, bias of either dtype; and NaN / inf operands.
+TEST_F(GpuGemm, FusedDequantGemmEpilogueAndSpecials) {
+  if (!emulated_on_this_gpu()) GTEST_SKIP() << "sm_100+: MX / NVFP4 are not emulated";
+  Context ctx(Device::cuda(0));
+  FusedScope fused(FusedDequant::kOn);
+  const int64_t M = 256, N = 256, K = 512;
+  for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
+    const Recipe rc = recipe_named(name);
+    const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 91);
+    for (GemmRole role : {GemmRole::kFprop, GemmRole::kDgrad}) {
+      std::vector<RunSpec> specs;
+      RunSpec s;
+      s.out = DType::kF32;
+      s.alpha = 0.75f;
+      s.beta = 0.5f;
+      s.bias = true;
+      specs.push_back(s);
+      s.bias_dtype = DType::kBF16;
+      specs.push_back(s);
+      s = RunSpec{};
+      s.bias = true;
+      s.bias_dtype = DType::kF32;
+      specs.push_back(s);
+      s = RunSpec{};
+      s.beta = 1.0f;
+      s.separate_c = true;
+      specs.push_back(s);
+      s.out = DType::kF32;
+      specs.push_back(s);
+      for (const RunSpec& sp : specs) {
+        check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, sp, "epilogue");
+        EXPECT_TRUE(g_checked_call.fused_dequant);
+        if (sp.bias) {
+          EXPECT_TRUE(g_checked_call.bias_epilogue);
+        }
+      }
+    }
+    const bool nv = rc.name == "nvfp4";
+    for (Fill f : {Fill::kNan, Fill::kNanInf}) {
+      if (nv && f == Fill::kNanInf) continue;
+      const Problem q = make_problem(ctx, rc, M, N, K, f, 556);
+      for (GemmRole role : {GemmRole::kFprop, GemmRole::kDgrad}) {
+        for (DType out : {DType::kBF16, DType::kF32}) {
+          RunSpec sp;
+          sp.out = out;
+          check_role(ctx, rc, q.x, q.w, q.dy, M, N, K, role, sp, fill_name(f));
+          EXPECT_TRUE(g_checked_call.fused_dequant);
+        }
+      }
+    }
+  }
+}
+
+// The code conversion is exact: with B' the identity (one nonzero product per output), the
+// fused kernel's f32 out equals the unfused path's (exact bf16 dequantization + cuBLASLt) bit
+// for bit, over data spanning 2^24 inside a row (subnormal MX codes, tiny NVFP4 scales).
+TEST_F(GpuGemm, FusedDequantGemmConvertsCodesExactly) {
+  if (!emulated_on_this_gpu()) GTEST_SKIP() << "sm_100+: MX / NVFP4 are not emulated";
+  Context ctx(Device::cuda(0));
+  const int64_t M = 256, K = 512, N = 512;  // W [N, K] = identity
+  Tensor xs = Tensor::empty({M, K}, DType::kBF16, Device::cpu());
+  for (int64_t i = 0; i < M * K; ++i) {
+    const float u = philox_uniform(77, 0, 2 * i);
+    const float g = philox_uniform(77, 0, 2 * i + 1) - 0.5f;
+    xs.ptr<uint16_t>()[i] = f32_to_bf16_rn(g * std::ldexp(1.0f, -int(u * 24.0f)));
+  }
+  Tensor ws = Tensor::zeros({N, K}, DType::kBF16, Device::cpu());
+  for (int64_t i = 0; i < N; ++i) ws.ptr<uint16_t>()[i * K + i] = f32_to_bf16_rn(1.0f);
+  struct Cfg {
+    const char* name;
+    QuantConfig x, w;
+  };
+  const std::vector<Cfg> cfgs = {
+      {"nvfp4", QuantConfig::nvfp4_activation(), QuantConfig::nvfp4_weight()},
+      {"mx e4m3", QuantConfig::mx(DType::kE4M3), QuantConfig::mx(DType::kE4M3)},
+      {"mx e5m2", QuantConfig::mx(DType::kE5M2), QuantConfig::mx(DType::kE4M3)},
+  };
+  for (const Cfg& cf : cfgs) {
+    SCOPED_TRACE(cf.name);
+    const Operand x = make_operand(ctx, xs, &cf.x);
+    const Operand w = make_operand(ctx, ws, &cf.w);
+    GemmOptions opt;
+    opt.role = GemmRole::kFprop;
+    std::vector<float> got[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      FusedScope scope(fused == 1 ? FusedDequant::kOn : FusedDequant::kOff);
+      Tensor out = Tensor::empty({M, N}, DType::kF32, Device::cuda(0));
+      gemm(ctx, x.gpu(), w.gpu(), out.view(), opt);
+      EXPECT_EQ(gemm_cuda_last_call().fused_dequant, fused == 1);
+      ctx.synchronize();
+      got[fused] = to_host_f32(out.view());
+    }
+    int64_t diff = 0, nonzero = 0;
+    for (size_t i = 0; i < got[0].size(); ++i) {
+      uint32_t a, b;
+      std::memcpy(&a, &got[0][i], 4);
+      std::memcpy(&b, &got[1][i], 4);
+      // Bit for bit, except the sign of an exact zero (sums of ±0 in another order).
+      diff += a != b && !(got[0][i] == 0.0f && got[1][i] == 0.0f);
+      nonzero += got[0][i] != 0.0f;
+    }
+    EXPECT_EQ(diff, 0) << "of " << got[0].size() << " outputs";
+    // One nonzero product per output where c < K (W is the identity); NVFP4 flushes the
+    // smaller part of this 2^24-wide data to 0, but a good share stays nonzero.
+    EXPECT_GT(nonzero, int64_t(got[0].size()) / 8);
+  }
+}
+
+}  // namespace
+}  // namespace lowbit

@@ -1,0 +1,717 @@
+// The emulated MX / NVFP4 GEMM with A''s dequantization in the mainloop (sm_90a).
+//
+// Why: dequantizing A' into a bf16 copy and running cuBLASLt's BF16 GEMM writes and re-reads
+// 4 bytes per element of the large operand; at the 124m shapes that copy alone keeps the
+// emulated GEMM at 0.6–0.7× of BF16 (bench/results/h100-2026-11-26/gemm-dequant-one-launch-1806).
+// Here A''s codes (0.5 or 1 byte per element) and scales are read once by TMA and converted in
+// registers into wgmma's A fragments; only B' (the weight in fprop / dgrad) is dequantized
+// beforehand into a 16-bit copy.
+//
+// Structure: a persistent kernel, one CTA of three warpgroups per SM, tiles of 128 × 256 outputs
+// in k-steps of 64. Warpgroup 0 is the producer: one warp fills a 5-stage ring — A''s codes
+// (TMA, 128 rows × 32 / 64 bytes), B''s 16-bit panel (TMA, 256 rows × 64, 128-byte swizzle) and
+// A''s scales (cp.async, 4 bytes per row) — completing a `full` mbarrier per stage. Warpgroups 1
+// and 2 each own 64 rows × 256 columns (128 fp32 accumulators per thread): per stage they load
+// their codes and scales from shared memory, convert them (16 codes of one row per thread and
+// row, one scale), issue four wgmma m64n256k16 with A from registers, and release the stage on
+// the `empty` mbarrier once the wgmma group reading it has completed (one group in flight, A
+// fragments double-buffered). The producer runs ahead into the next tile while the consumers
+// store the current one (epilogue straight from registers).
+//
+// The k order. wgmma's A fragment gives thread (g = lane/4, c = lane%4) of a warp columns
+// 2c, 2c+1, 2c+8, 2c+9 of every 16; the GEMM sums over k, so any permutation applied to both
+// operands alike leaves the result as it is. Position p = 16·kk + 2c + (j & 1) + 8·(j >> 1) of a
+// 64-step holds k = 16c + 4kk + j: each thread's 16 values of a row are then the contiguous
+// codes 16c … 16c+15 (one 8- or 16-byte shared load) under one NVFP4 scale (MX: one scale per
+// two threads), and B' is stored permuted the same way (dequant_b_permuted).
+//
+// Exactness (formats.md §3; tests/gpu/test_gemm_gpu.cpp, FusedDequantGemm*):
+//  * NVFP4 in f16: an E2M1 code's bits placed at f16 bits 9–11 (magnitude) and 15 (sign) are the
+//    code's value · 2^-14 (code 0.5 lands on the f16 subnormal 2^-15); times the UE4M3 scale
+//    (exact in f16) the product has ≤ 6 significant bits and lies in [2^-24, 6·448·2^-14]: exact,
+//    subnormals included (mul.rn.f16x2 keeps them). B' carries the same 2^-14, the epilogue's
+//    alpha the 2^28: a power of two, so alpha'·acc rounds exactly as without it.
+//  * MX in bf16: an E4M3 (E5M2) code's bits shifted into bf16 are its value · 2^-120 (2^-112);
+//    two bf16 multiplies by powers of two (2^min(t, 127), then the rest) give value · 2^(e−127)
+//    with one rounding, as the f32 product rounded to bf16 does. NaN / inf codes and NaN scales
+//    take a per-element path through decode() (rare: the quantizers emit them only for NaN
+//    input).
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include "core/pdl.cuh"
+#include "gemm/fused_dequant_gemm.h"
+#include "lowbit/core/cuda_check.h"
+#include "lowbit/formats.h"
+#include "lowbit/quant/rn_ops.h"
+#include "ops/tma.cuh"
+#include "ops/tma.h"
+#include "ops/wgmma.cuh"
+
+namespace lowbit::gemm_kernels {
+namespace {
+
+constexpr int kBM = 128, kBN = 256, kBK = 64;
+constexpr int kEpiBytes = 2 * 2 * 8192;  // per consumer warpgroup two 8 KiB output chunks
+constexpr int kThreads = 384;            // producer warpgroup + two consumer warpgroups
+constexpr int kBBytes = kBN * kBK * 2;   // B' panel per stage: 256 rows × 128 bytes
+constexpr int kScaleBytes = kBM * 4;     // A' scales per stage: 4 bytes per row
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+template <FusedKind K>
+constexpr int code_row_bytes() {
+  return K == FusedKind::kNvfp4 ? kBK / 2 : kBK;
+}
+template <FusedKind K>
+constexpr int stage_bytes() {  // B' panel first (1024-byte aligned for the swizzle), codes, scales
+  return (kBBytes + kBM * code_row_bytes<K>() + kScaleBytes + 1023) / 1024 * 1024;
+}
+// Ring depth: as many stages as fit beside the output chunks (NVFP4 5, MX 4 of 227 KiB).
+template <FusedKind K>
+constexpr int stages() {
+  return K == FusedKind::kNvfp4 ? 5 : 4;
+}
+template <FusedKind K>
+constexpr int smem_bytes() {  // stages, output chunks, 2·stages mbarriers, slack to align to 1024
+  return stages<K>() * stage_bytes<K>() + kEpiBytes + 2 * stages<K>() * 8 + 1024;
+}
+static_assert(smem_bytes<FusedKind::kNvfp4>() <= 232448 && smem_bytes<FusedKind::kE4M3>() <= 232448,
+              "shared memory per block on sm_90");
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+// The barrier's arrival fires when this thread's earlier cp.async copies have landed; .noinc:
+// the arrival counts against the barrier's expected count (33 per stage: see the kernel).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Shared → global tile store through the tensor map (completion tracked by bulk groups).
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {  // ≤ N groups still reading shared memory
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// d [64 × 256 f32] (+)= A [64 × 16] (registers, the m16n8k16 A fragment of each warp's 16 rows)
+// · B [256 × 16] (shared, K-major, 128-byte swizzle). kF16: f16 operands, else bf16.
+#define LOWBIT_F8(d, i)                                                                       \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define LOWBIT_D128(d)                                                                            \
+  LOWBIT_F8(d, 0), LOWBIT_F8(d, 8), LOWBIT_F8(d, 16), LOWBIT_F8(d, 24), LOWBIT_F8(d, 32),         \
+      LOWBIT_F8(d, 40), LOWBIT_F8(d, 48), LOWBIT_F8(d, 56), LOWBIT_F8(d, 64), LOWBIT_F8(d, 72),   \
+      LOWBIT_F8(d, 80), LOWBIT_F8(d, 88), LOWBIT_F8(d, 96), LOWBIT_F8(d, 104), LOWBIT_F8(d, 112), \
+      LOWBIT_F8(d, 120)
+#define LOWBIT_R128                                                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                      \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "             \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "             \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "             \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "   \
+  "%127}"
+
+template <bool kF16>
+__device__ __forceinline__ void mma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4],
+                                                  uint64_t desc_b, int accumulate) {
+  if constexpr (kF16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " LOWBIT_R128
+        ", {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        : LOWBIT_D128(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " LOWBIT_R128
+        ", {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        : LOWBIT_D128(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+}
+
+// Keeps registers live and in place across an asynchronous wgmma (which reads the A fragment
+// and writes the accumulators after the instruction that issued it has retired).
+__device__ __forceinline__ void keep(uint32_t (&r)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3])::"memory");
+  }
+}
+__device__ __forceinline__ void keep(float (&d)[128]) {
+#pragma unroll
+  for (int i = 0; i < 128; i += 4) {
+    asm volatile("" : "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])::"memory");
+  }
+}
+
+// ---- Code conversion (see the file comment for why each is exact) ---------------------------
+
+// UE4M3 scale → f16x2 (both halves). Bits << 7 are the value · 2^-8 in f16 (subnormal scales
+// included), times 256 exactly; codes ≥ 0x7F are NaN (decode(kUE4M3)).
+__device__ __forceinline__ uint32_t ue4m3_f16x2(uint32_t b) {
+  const uint32_t h = (b << 7) | (b << 23);
+  return b >= 0x7Fu ? 0x7E007E00u : mul_f16x2(h, 0x5C005C00u);  // 0x5C00 = 256
+}
+
+// One row's 8 code bytes (16 E2M1 codes, k = 16c … 16c+15 of the step) → v[i] = the two codes of
+// byte i as f16 · 2^-14 · scale.
+__device__ __forceinline__ void nvfp4_row(uint2 w, uint32_t s2, uint32_t (&v)[8]) {
+  const uint32_t ws[2] = {w.x, w.y};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t x = ws[h];
+    // Per byte: even code → s·0mmm at bits 6, 0–2 of qe; odd code likewise in qo.
+    const uint32_t qe = ((x & 0x08080808u) << 3) | (x & 0x07070707u);
+    const uint32_t qo = ((x >> 4) & 0x07070707u) | ((x >> 1) & 0x40404040u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // [qe byte j, 0, qo byte j, 0] (selector 8 replicates bit 7 of qe byte 0, which is 0).
+      const uint32_t r = prmt(qe, qo, 0x8480u + 0x0101u * j);
+      v[4 * h + j] = mul_f16x2(r << 9, s2);
+    }
+  }
+}
+
+// One row's 16 MX code bytes (k = 16c … 16c+15) with E8M0 scale e → v[2·kk + h] = codes
+// 4kk + 2h, 4kk + 2h + 1 as bf16 · 2^(e−127).
+template <bool kE5M2>
+__device__ __forceinline__ void mx_row(uint4 w, uint32_t e, DType t, uint32_t (&v)[8]) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+  // Codes with an all-ones exponent (E4M3 NaN; E5M2 inf / NaN) or a NaN scale: exact slow path.
+  const uint32_t mask = kE5M2 ? 0x7C7C7C7Cu : 0x7F7F7F7Fu;
+  const uint32_t inc = kE5M2 ? 0x04040404u : 0x01010101u;
+  uint32_t special = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) special |= ((ws[i] & mask) + inc) & 0x80808080u;
+  if (special != 0 || e == 0xFFu) {
+    const float f = decode_e8m0(static_cast<uint8_t>(e));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t wd = ws[i >> 1];
+      const uint32_t b0 = (wd >> (16 * (i & 1))) & 0xFFu, b1 = (wd >> (16 * (i & 1) + 8)) & 0xFFu;
+      const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(mul_rn(decode(t, b0), f)));
+      const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(mul_rn(decode(t, b1), f)));
+      v[i] = lo | (hi << 16);
+    }
+    return;
+  }
+  // value · 2^(e−127) = bits-value · 2^(e − 127 + 120) (E5M2: + 112) = · 2^t1 · 2^t2.
+  const int t0 = static_cast<int>(e) - (kE5M2 ? 15 : 7);
+  const int t1 = t0 < 127 ? t0 : 127, t2 = t0 - t1;  // t1 ∈ [-15, 127], t2 ∈ [0, 121]
+  const uint32_t f1 = uint32_t(t1 + 127) << 7, f2 = uint32_t(t2 + 127) << 7;
+  const uint32_t s1 = f1 | (f1 << 16), s2 = f2 | (f2 << 16);
+  uint32_t x[8];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t r = prmt(ws[kk], 0u, h ? 0x4342u : 0x4140u);  // bytes 2h, 2h+1 → halves
+      x[2 * kk + h] =
+          ((r << 8) & 0x80008000u) | (kE5M2 ? ((r << 5) & 0x0FE00FE0u) : ((r << 4) & 0x07F007F0u));
+    }
+  }
+  if (t2 == 0) {  // scales up to 2^7 (E5M2: 2^15): one multiply
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = mul_bf16x2(x[i], s1);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = mul_bf16x2(mul_bf16x2(x[i], s1), s2);
+  }
+}
+
+// Tile t's output origin. Tiles go in bands of kBand row tiles: down the band first, then
+// across the columns, so that the CTAs resident at once share a few B' panels and a few A' row
+// blocks in L2 (row-major order streams all of B' once per row tile: 124m's LM head, whose B'
+// is 77 MB of f16, ran at 0.62× bf16 that way).
+constexpr int kBand = 16;
+__device__ __forceinline__ void tile_origin(int t, int tiles_r, int tiles_c, int* m0, int* n0) {
+  const int band = t / (kBand * tiles_c);
+  const int first = band * kBand;
+  const int rows = min(kBand, tiles_r - first);
+  const int i = t - band * kBand * tiles_c;
+  *m0 = (first + i % rows) * kBM;
+  *n0 = (i / rows) * kBN;
+}
+
+struct KernelArgs {
+  const uint8_t* a_scales;
+  int64_t R, C, K;
+  const float* alpha_dev;
+  float alpha, beta;
+  const void* c;
+  void* out;
+  int64_t ldd;
+  const void* bias;
+  bool bias_bf16;
+};
+
+// kPlain: beta = 0 and no bias (the training GEMMs); otherwise the general epilogue.
+template <FusedKind kKind, bool kOutF32, bool kPlain>
+__global__ void __launch_bounds__(kThreads, 1)
+    fused_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
+                      const __grid_constant__ CUtensorMap b_map,
+                      const __grid_constant__ CUtensorMap o_map, const KernelArgs p) {
+  constexpr bool kF16 = kKind == FusedKind::kNvfp4;
+  constexpr int kRowBytes = code_row_bytes<kKind>();
+  constexpr int kStage = stage_bytes<kKind>();
+  constexpr int kStages = stages<kKind>();
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t epi0 = smem0 + kStages * kStage;  // output chunks (kEpiBytes)
+  const uint32_t bar0 = epi0 + kEpiBytes;          // full[s] at bar0 + 8s, empty[s] after them
+  auto full = [&](int s) { return bar0 + 8u * s; };
+  auto empty = [&](int s) { return bar0 + 8u * (kStages + s); };
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::mbar_init(full(s), 1 + 32);  // the TMA arrival + 32 cp.async arrivals (scales)
+      tma::mbar_init(empty(s), 256);    // every consumer thread
+    }
+    tma::fence_mbar_init();
+  }
+  __syncthreads();
+  pdl::grid_sync();  // B' and alpha' come from the launch before this one
+
+  const int tiles_c = static_cast<int>(p.C / kBN), tiles_r = static_cast<int>(p.R / kBM);
+  const int tiles = tiles_r * tiles_c;
+  const int nk = static_cast<int>(p.K / kBK);
+
+  if (warp < 4) {
+    // ---- Producer warpgroup: warp 0 fills the ring; the other three idle. ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (warp != 0) return;
+    const int64_t scale_row = kF16 ? p.K / 16 : p.K / 32;  // bytes per row of A''s scales
+    int s = 0;
+    uint32_t ph = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int m0, n0;
+      tile_origin(t, tiles_r, tiles_c, &m0, &n0);
+      for (int kb = 0; kb < nk; ++kb) {
+        tma::mbar_wait(empty(s), ph ^ 1u);
+        const uint32_t st = smem0 + s * kStage;
+        if (lane == 0) {
+          tma::mbar_arrive_expect_tx(full(s), kBBytes + kBM * kRowBytes);
+          tma_load_2d(st, &b_map, full(s), kb * kBK, n0);
+          tma_load_2d(st + kBBytes, &a_map, full(s), kb * kRowBytes, m0);
+        }
+        // Scales: 4 bytes per row (NVFP4: the step's 4 scales; MX: those of steps kb & ~1 and
+        // kb | 1, so that the copy is 4-byte aligned).
+        const int64_t soff = kF16 ? int64_t(kb) * 4 : int64_t(kb & ~1) * 2;
+        const uint32_t sdst = st + kBBytes + kBM * kRowBytes;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int row = lane + 32 * i;
+          cp_async_4(sdst + 4 * row, p.a_scales + (m0 + row) * scale_row + soff);
+        }
+        cp_async_arrive_noinc(full(s));
+        if (++s == kStages) {
+          s = 0;
+          ph ^= 1u;
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- Consumer warpgroups: rows 64·cw … 64·cw + 63 of each tile. ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  const int cw = warp / 4 - 1;
+  const int g = lane / 4, c = lane % 4;
+  const int row0 = cw * 64 + (warp % 4) * 16 + g;  // and row0 + 8
+  const DType code_t = kKind == FusedKind::kE5M2 ? DType::kE5M2 : DType::kE4M3;
+  const float alpha_eff =
+      kF16 ? __fmul_rn(*p.alpha_dev, 268435456.0f) : p.alpha;  // 2^28: see the file comment
+
+  float acc[128];
+  uint32_t af[2][4][4];  // A fragments, double-buffered: [buffer][k16 step][register]
+  int s = 0, prev = 0;
+  uint32_t ph = 0;
+
+  // One k-step: load and convert this thread's codes, issue the step's four wgmmas, then
+  // release the stage of the step before (its group has completed after wait<1>).
+  auto step = [&](auto buf_tag, int kb) {
+    constexpr int kBuf = decltype(buf_tag)::value;
+    tma::mbar_wait(full(s), ph);
+    const uint8_t* st = smem + s * kStage;
+    const uint8_t* codes = st + kBBytes;
+    const uint8_t* sc = codes + kBM * kRowBytes;
+    uint32_t v0[8], v1[8];
+    if constexpr (kF16) {
+      const uint2 w0 = *reinterpret_cast<const uint2*>(codes + row0 * kRowBytes + 8 * c);
+      const uint2 w1 = *reinterpret_cast<const uint2*>(codes + (row0 + 8) * kRowBytes + 8 * c);
+      nvfp4_row(w0, ue4m3_f16x2(sc[row0 * 4 + c]), v0);
+      nvfp4_row(w1, ue4m3_f16x2(sc[(row0 + 8) * 4 + c]), v1);
+    } else {
+      const int so = (kb & 1) * 2 + (c >> 1);
+      const uint4 w0 = *reinterpret_cast<const uint4*>(codes + row0 * kRowBytes + 16 * c);
+      const uint4 w1 = *reinterpret_cast<const uint4*>(codes + (row0 + 8) * kRowBytes + 16 * c);
+      mx_row<kKind == FusedKind::kE5M2>(w0, sc[row0 * 4 + so], code_t, v0);
+      mx_row<kKind == FusedKind::kE5M2>(w1, sc[(row0 + 8) * 4 + so], code_t, v1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      af[kBuf][kk][0] = v0[2 * kk];
+      af[kBuf][kk][1] = v1[2 * kk];
+      af[kBuf][kk][2] = v0[2 * kk + 1];
+      af[kBuf][kk][3] = v1[2 * kk + 1];
+    }
+    const uint32_t b_lo = wgmma::desc_lo(smem0 + s * kStage, 16);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      mma_m64n256k16_rs<kF16>(acc, af[kBuf][kk], wgmma::desc_of(b_lo + 2 * kk),
+                              (kb > 0 || kk > 0) ? 1 : 0);
+    }
+    wgmma::commit();
+    wgmma::wait<1>();
+    keep(af[kBuf ^ 1]);
+    if (kb > 0) mbar_arrive(empty(prev));
+    prev = s;
+    if (++s == kStages) {
+      s = 0;
+      ph ^= 1u;
+    }
+  };
+
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int m0, n0;
+    tile_origin(t, tiles_r, tiles_c, &m0, &n0);
+    int kb = 0;
+#pragma unroll 1
+    for (; kb + 1 < nk; kb += 2) {
+      step(std::integral_constant<int, 0>{}, kb);
+      step(std::integral_constant<int, 1>{}, kb + 1);
+    }
+    if (kb < nk) step(std::integral_constant<int, 0>{}, kb);
+    wgmma::wait<0>();
+    keep(af[0]);
+    keep(af[1]);
+    keep(acc);
+    mbar_arrive(empty(prev));
+
+    // Epilogue: thread (g, c) of warp w holds rows row0, row0 + 8 and, for jj < 32, columns
+    // 8·jj + 2c, 8·jj + 2c + 1 (acc[4jj], acc[4jj+1] the first row, acc[4jj+2], acc[4jj+3] the
+    // second). Each warpgroup writes its 64 rows in chunks of 128 bytes per row (64 bf16 / 32
+    // f32 columns) into shared memory in the 128-byte swizzle (conflict-free: the 8 rows of a
+    // warp's store land in 8 different 16-byte columns), and one thread stores the chunk with
+    // TMA; two chunk buffers alternate, so writing one overlaps the store of the other, and the
+    // next tile's mainloop overlaps the last stores.
+    constexpr int kChunkCols = kOutF32 ? 32 : 64;
+    constexpr int kEsz = kOutF32 ? 4 : 2;
+    const int wr = (warp % 4) * 16 + g;  // row within the warpgroup's 64
+    const bool leader = threadIdx.x % 128 == 0;
+    const int64_t r0 = m0 + row0;
+#pragma unroll
+    for (int q = 0; q < kBN / kChunkCols; ++q) {
+      const uint32_t cb = epi0 + cw * 16384 + (q & 1) * 8192;
+      if (leader) bulk_wait_read<1>();  // the store that last read this buffer is done with it
+      named_sync(1 + cw, 128);
+#pragma unroll
+      for (int jl = 0; jl < kChunkCols / 8; ++jl) {
+        const int jj = q * (kChunkCols / 8) + jl;
+        float x00 = alpha_eff * acc[4 * jj], x01 = alpha_eff * acc[4 * jj + 1];
+        float x10 = alpha_eff * acc[4 * jj + 2], x11 = alpha_eff * acc[4 * jj + 3];
+        if constexpr (!kPlain) {
+          const int col = n0 + 8 * jj + 2 * c;
+          if (p.beta != 0.0f) {
+            float y00, y01, y10, y11;
+            if constexpr (kOutF32) {
+              const float* c0 = (p.c != nullptr ? static_cast<const float*>(p.c)
+                                                : static_cast<const float*>(p.out)) +
+                                r0 * p.ldd + col;
+              const float2 a = *reinterpret_cast<const float2*>(c0);
+              const float2 b = *reinterpret_cast<const float2*>(c0 + 8 * p.ldd);
+              y00 = a.x, y01 = a.y, y10 = b.x, y11 = b.y;
+            } else {
+              const __nv_bfloat16* c0 =
+                  (p.c != nullptr ? static_cast<const __nv_bfloat16*>(p.c)
+                                  : static_cast<const __nv_bfloat16*>(p.out)) +
+                  r0 * p.ldd + col;
+              const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(c0);
+              const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(c0 + 8 * p.ldd);
+              y00 = __low2float(a), y01 = __high2float(a);
+              y10 = __low2float(b), y11 = __high2float(b);
+            }
+            x00 = fmaf(p.beta, y00, x00);
+            x01 = fmaf(p.beta, y01, x01);
+            x10 = fmaf(p.beta, y10, x10);
+            x11 = fmaf(p.beta, y11, x11);
+          }
+          if (p.bias != nullptr) {
+            float b0, b1;
+            if (p.bias_bf16) {
+              b0 = __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[col]);
+              b1 = __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[col + 1]);
+            } else {
+              b0 = static_cast<const float*>(p.bias)[col];
+              b1 = static_cast<const float*>(p.bias)[col + 1];
+            }
+            x00 += b0;
+            x01 += b1;
+            x10 += b0;
+            x11 += b1;
+          }
+        }
+        // Byte offset of (row, column 8·jl + 2c) in the chunk, 16-byte column j at j ^ (row % 8).
+        const int bo = (8 * jl + 2 * c) * kEsz;
+        const uint32_t a0 = cb + wr * 128 + (((bo >> 4) ^ (wr & 7)) << 4) + (bo & 15);
+        const uint32_t a1 = a0 + 8 * 128;  // row wr + 8: same swizzle phase
+        if constexpr (kOutF32) {
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a0), "f"(x00), "f"(x01));
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a1), "f"(x10), "f"(x11));
+        } else {
+          const __nv_bfloat162 b0 = __floats2bfloat162_rn(x00, x01);
+          const __nv_bfloat162 b1 = __floats2bfloat162_rn(x10, x11);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a0),
+                       "r"(*reinterpret_cast<const uint32_t*>(&b0)));
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1),
+                       "r"(*reinterpret_cast<const uint32_t*>(&b1)));
+        }
+      }
+      wgmma::fence_proxy_async();  // the chunk's writes visible to the TMA unit
+      named_sync(1 + cw, 128);
+      if (leader) {
+        tma_store_2d(&o_map, cb, n0 + q * kChunkCols, int(m0) + cw * 64);
+        bulk_commit();
+      }
+    }
+  }
+  if (threadIdx.x % 128 == 0) bulk_wait_all();  // the last stores have left shared memory
+}
+
+// ---- B' dequantization into the permuted k order ---------------------------------------------
+
+struct PermJob {
+  const uint8_t* codes;
+  const uint8_t* scales;
+  uint16_t* out;
+  int64_t rows, cols;  // B' [rows = C, cols = K]
+  DType t;
+  DequantScales layout;
+};
+
+// One thread per 16 consecutive k of a row (k = 64·kb + 16·c4 + i): 16 values, written as eight
+// 4-byte pairs at their permuted positions. K-contiguous copies: consecutive threads take
+// consecutive k of a row (coalesced code loads); MX columnwise copies ([K, C] bytes): consecutive
+// threads take consecutive rows, so that each of the 16 byte loads is coalesced across the warp.
+template <bool kF16>
+__global__ void __launch_bounds__(256) dequant_perm_kernel(PermJob j, Nvfp4Alpha al) {
+  pdl::grid_sync();
+  if (al.out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    float a = al.alpha;
+    if (al.amax_a != nullptr) a = mul_rn(a, *al.amax_a);
+    if (al.amax_b != nullptr) a = mul_rn(a, *al.amax_b);
+    const int n = (al.amax_a != nullptr) + (al.amax_b != nullptr);
+    if (n == 2) a = mul_rn(a, __frcp_rn(7225344.0f));  // RN(1 / (6·6·448·448))
+    if (n == 1) a = mul_rn(a, __frcp_rn(2688.0f));     // RN(1 / (6·448))
+    al.out[0] = a;
+    al.out[1] = al.beta;
+  }
+  __shared__ float lut[256];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    lut[i] = kF16 ? (i < 16 ? decode(DType::kE2M1, uint32_t(i)) : 0.0f) : decode(j.t, uint32_t(i));
+  }
+  __syncthreads();
+  const int64_t per_row = j.cols / 16;
+  const int64_t units = j.rows * per_row;
+  const bool colwise = j.layout == DequantScales::kMxColumnwise;
+  for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < units;
+       u += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = colwise ? u % j.rows : u / per_row;
+    const int64_t k0 = (colwise ? u / j.rows : u % per_row) * 16;  // 64·kb + 16·c4
+    float f[16];
+    if (j.layout == DequantScales::kNvfp4) {
+      const uint2 w = *reinterpret_cast<const uint2*>(j.codes + (r * j.cols + k0) / 2);
+      const float sc = decode(DType::kUE4M3, j.scales[(r * j.cols + k0) / 16]);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        f[i] = mul_rn(lut[((i < 8 ? w.x : w.y) >> (4 * (i & 7))) & 0xFu], sc);
+      }
+    } else if (!colwise) {
+      const uint4 w = *reinterpret_cast<const uint4*>(j.codes + r * j.cols + k0);
+      const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+      const float sc = decode_e8m0(j.scales[(r * j.cols + k0) / 32]);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) f[i] = mul_rn(lut[(ws[i >> 2] >> (8 * (i & 3))) & 0xFFu], sc);
+    } else {  // stored [cols (K), rows (C)], scales [K/32, C]: 16 k share one scale
+      const float sc = decode_e8m0(j.scales[(k0 / 32) * j.rows + r]);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) f[i] = mul_rn(lut[j.codes[(k0 + i) * j.rows + r]], sc);
+    }
+    uint32_t h[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      h[i] = kF16 ? __half_as_ushort(__float2half_rn(mul_rn(f[i], 1.0f / 16384.0f)))
+                  : __bfloat16_as_ushort(__float2bfloat16_rn(f[i]));
+    }
+    const int64_t kb64 = k0 & ~int64_t(63);
+    const int c4 = static_cast<int>((k0 >> 4) & 3);
+    uint16_t* o = j.out + r * j.cols + kb64 + 2 * c4;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {  // k = 16c4 + 4kk + jj → 16kk + 2c4 + (jj & 1) + 8(jj >> 1)
+      *reinterpret_cast<uint32_t*>(o + 16 * kk) = h[4 * kk] | (h[4 * kk + 1] << 16);
+      *reinterpret_cast<uint32_t*>(o + 16 * kk + 8) = h[4 * kk + 2] | (h[4 * kk + 3] << 16);
+    }
+  }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+template <FusedKind kKind, bool kOutF32, bool kPlain>
+void launch_fused(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorMap& bm,
+                  const CUtensorMap& om, int grid, cudaStream_t stream) {
+  auto* kernel = fused_gemm_kernel<kKind, kOutF32, kPlain>;
+  constexpr int smem = smem_bytes<kKind>();
+  static const bool attr_set = [&] {
+    LOWBIT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr_set;
+  const KernelArgs p{a.a_scales, a.R, a.C,   a.K,   a.alpha_dev, a.alpha,
+                     a.beta,     a.c, a.out, a.ldd, a.bias,      a.bias_bf16};
+  pdl::launch(kernel, unsigned(grid), kThreads, smem, stream, am, bm, om, p);
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+template <FusedKind kKind>
+void launch_kind(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorMap& bm,
+                 const CUtensorMap& om, int grid, cudaStream_t stream) {
+  const bool plain = a.beta == 0.0f && a.bias == nullptr;
+  if (a.out_f32) {
+    plain ? launch_fused<kKind, true, true>(a, am, bm, om, grid, stream)
+          : launch_fused<kKind, true, false>(a, am, bm, om, grid, stream);
+  } else {
+    plain ? launch_fused<kKind, false, true>(a, am, bm, om, grid, stream)
+          : launch_fused<kKind, false, false>(a, am, bm, om, grid, stream);
+  }
+}
+
+}  // namespace
+
+bool fused_gemm_shape_ok(FusedKind kind, int64_t R, int64_t C, int64_t K) {
+  const int64_t kq = kind == FusedKind::kNvfp4 ? 64 : 128;
+  return R > 0 && C > 0 && K > 0 && R % kFusedTileR == 0 && C % kFusedTileC == 0 && K % kq == 0 &&
+         R < (int64_t{1} << 31) && C < (int64_t{1} << 31) && K < (int64_t{1} << 31) &&
+         (R / kFusedTileR) * (C / kFusedTileC) < (int64_t{1} << 31);
+}
+
+bool fused_gemm_fills_gpu(int64_t R, int64_t C) { return (R / kBM) * (C / kBN) >= sm_count(); }
+
+void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
+  LOWBIT_CHECK(fused_gemm_shape_ok(a.kind, a.R, a.C, a.K),
+               "fused_gemm: R {} C {} K {} outside the kernel's tiles", a.R, a.C, a.K);
+  LOWBIT_CHECK(a.ldd % 8 == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0,
+               "fused_gemm: out must be 16-byte aligned with ldd % 8 == 0 (ldd {})", a.ldd);
+  const bool nv = a.kind == FusedKind::kNvfp4;
+  LOWBIT_CHECK(!nv || a.alpha_dev != nullptr, "fused_gemm: NVFP4 needs the device alpha'");
+  const int64_t row_bytes = nv ? a.K / 2 : a.K;
+  CUtensorMap am, bm;
+  LOWBIT_CHECK(tma::make_2d_map(&am, a.a_codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, row_bytes, a.R,
+                                row_bytes, nv ? 32 : 64, kBM, CU_TENSOR_MAP_SWIZZLE_NONE),
+               "fused_gemm: no TMA map for A' codes [{}, {}]", a.R, row_bytes);
+  LOWBIT_CHECK(tma::make_2d_map(&bm, a.b_perm, CU_TENSOR_MAP_DATA_TYPE_UINT16, a.K, a.C, a.K * 2,
+                                kBK, kBN, CU_TENSOR_MAP_SWIZZLE_128B),
+               "fused_gemm: no TMA map for B' [{}, {}]", a.C, a.K);
+  CUtensorMap om;
+  LOWBIT_CHECK(
+      tma::make_2d_map(
+          &om, a.out,
+          a.out_f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.C, a.R,
+          a.ldd * (a.out_f32 ? 4 : 2), a.out_f32 ? 32 : 64, 64, CU_TENSOR_MAP_SWIZZLE_128B),
+      "fused_gemm: no TMA map for out [{}, {}] (ldd {})", a.R, a.C, a.ldd);
+  const int64_t tiles = (a.R / kBM) * (a.C / kBN);
+  const int cap = a.max_ctas > 0 ? std::min(a.max_ctas, sm_count()) : sm_count();
+  const int grid = static_cast<int>(std::min<int64_t>(tiles, cap));
+  switch (a.kind) {
+    case FusedKind::kNvfp4: launch_kind<FusedKind::kNvfp4>(a, am, bm, om, grid, stream); break;
+    case FusedKind::kE4M3: launch_kind<FusedKind::kE4M3>(a, am, bm, om, grid, stream); break;
+    case FusedKind::kE5M2: launch_kind<FusedKind::kE5M2>(a, am, bm, om, grid, stream); break;
+  }
+}
+
+void dequant_b_permuted(const DequantJob& b, FusedKind kind, const Nvfp4Alpha* alpha,
+                        cudaStream_t stream) {
+  LOWBIT_CHECK(b.cols % 64 == 0 && b.rows > 0, "dequant_b_permuted: cols {} not a multiple of 64",
+               b.cols);
+  const bool nv = kind == FusedKind::kNvfp4;
+  LOWBIT_CHECK(nv == (b.layout == DequantScales::kNvfp4),
+               "dequant_b_permuted: operand kinds differ (A' {} B' layout {})", int(kind),
+               int(b.layout));
+  const PermJob j{b.codes, b.scales, b.out, b.rows, b.cols, b.t, b.layout};
+  const Nvfp4Alpha al = alpha != nullptr ? *alpha : Nvfp4Alpha{};
+  const int64_t units = b.rows * (b.cols / 16);
+  const int grid = static_cast<int>(std::clamp<int64_t>((units + 255) / 256, 1, 8192));
+  if (nv) {
+    pdl::launch(dequant_perm_kernel<true>, unsigned(grid), 256, 0, stream, j, al);
+  } else {
+    pdl::launch(dequant_perm_kernel<false>, unsigned(grid), 256, 0, stream, j, al);
+  }
+  LOWBIT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace lowbit::gemm_kernels
