@@ -8,15 +8,18 @@
 // beforehand into a 16-bit copy.
 //
 // Structure: a persistent kernel, one CTA of three warpgroups per SM, tiles of 128 × 256 outputs
-// in k-steps of 64. Warpgroup 0 is the producer: one warp fills a 5-stage ring — A''s codes
-// (TMA, 128 rows × 32 / 64 bytes), B''s 16-bit panel (TMA, 256 rows × 64, 128-byte swizzle) and
-// A''s scales (cp.async, 4 bytes per row) — completing a `full` mbarrier per stage. Warpgroups 1
-// and 2 each own 64 rows × 256 columns (128 fp32 accumulators per thread): per stage they load
-// their codes and scales from shared memory, convert them (16 codes of one row per thread and
-// row, one scale), issue four wgmma m64n256k16 with A from registers, and release the stage on
-// the `empty` mbarrier once the wgmma group reading it has completed (one group in flight, A
-// fragments double-buffered). The producer runs ahead into the next tile while the consumers
-// store the current one (epilogue straight from registers).
+// in k-steps of 64, walked in bands of 16 row tiles (L2 reuse of B' panels); problems with fewer
+// tiles than SMs are split along k (f32 partial sums, then an ordered reduction kernel). Warpgroup
+// 0 is the producer: one warp fills a 5-stage ring — A''s codes (TMA, 128 rows × 32 / 64 bytes),
+// B''s 16-bit panel (TMA, 256 rows × 64, 128-byte swizzle) and A''s scales (cp.async, 4 bytes per
+// row) — completing a `full` mbarrier per stage. Warpgroups 1 and 2 each own 64 rows × 256 columns
+// (128 fp32 accumulators per thread): per stage they load their codes and scales from shared
+// memory, convert them (16 codes of one row per thread and row, one scale), issue four wgmma
+// m64n256k16 with A from registers, and release the stage on the `empty` mbarrier once the wgmma
+// group reading it has completed (one group in flight, A fragments double-buffered). The producer
+// runs ahead into the next tile while the consumers store the current one (through swizzled shared
+// memory and TMA stores: direct 4-byte stores from the accumulator layout cost ~40 % of the 124m
+// GEMMs' time).
 //
 // The k order. wgmma's A fragment gives thread (g = lane/4, c = lane%4) of a warp columns
 // 2c, 2c+1, 2c+8, 2c+9 of every 16; the GEMM sums over k, so any permutation applied to both
@@ -58,10 +61,10 @@ namespace lowbit::gemm_kernels {
 namespace {
 
 constexpr int kBM = 128, kBN = 256, kBK = 64;
-constexpr int kEpiBytes = 2 * 2 * 8192;  // per consumer warpgroup two 8 KiB output chunks
-constexpr int kThreads = 384;            // producer warpgroup + two consumer warpgroups
-constexpr int kBBytes = kBN * kBK * 2;   // B' panel per stage: 256 rows × 128 bytes
-constexpr int kScaleBytes = kBM * 4;     // A' scales per stage: 4 bytes per row
+constexpr int kChunkBytes = 8192;       // one output chunk: 64 rows × 128 bytes
+constexpr int kThreads = 384;           // producer warpgroup + two consumer warpgroups
+constexpr int kBBytes = kBN * kBK * 2;  // B' panel per stage: 256 rows × 128 bytes
+constexpr int kScaleBytes = kBM * 4;    // A' scales per stage: 4 bytes per row
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
 template <FusedKind K>
@@ -72,14 +75,21 @@ template <FusedKind K>
 constexpr int stage_bytes() {  // B' panel first (1024-byte aligned for the swizzle), codes, scales
   return (kBBytes + kBM * code_row_bytes<K>() + kScaleBytes + 1023) / 1024 * 1024;
 }
-// Ring depth: as many stages as fit beside the output chunks (NVFP4 5, MX 4 of 227 KiB).
+// Ring depth 5 and output chunk buffers per consumer warpgroup, within 227 KiB: NVFP4 two
+// (a chunk is written while the one before is stored), MX one (its stages hold 8 KiB of codes;
+// 4 stages with two buffers measured the same).
+constexpr int kStages = 5;
 template <FusedKind K>
-constexpr int stages() {
-  return K == FusedKind::kNvfp4 ? 5 : 4;
+constexpr int epi_buffers() {
+  return K == FusedKind::kNvfp4 ? 2 : 1;
+}
+template <FusedKind K>
+constexpr int epi_bytes() {
+  return 2 * epi_buffers<K>() * kChunkBytes;
 }
 template <FusedKind K>
 constexpr int smem_bytes() {  // stages, output chunks, 2·stages mbarriers, slack to align to 1024
-  return stages<K>() * stage_bytes<K>() + kEpiBytes + 2 * stages<K>() * 8 + 1024;
+  return kStages * stage_bytes<K>() + epi_bytes<K>() + 2 * kStages * 8 + 1024;
 }
 static_assert(smem_bytes<FusedKind::kNvfp4>() <= 232448 && smem_bytes<FusedKind::kE4M3>() <= 232448,
               "shared memory per block on sm_90");
@@ -296,6 +306,7 @@ struct KernelArgs {
   int64_t ldd;
   const void* bias;
   bool bias_bf16;
+  int splits;  // k-splits per tile (1: out is the result; > 1: out is the f32 partial sums)
 };
 
 // kPlain: beta = 0 and no bias (the training GEMMs); otherwise the general epilogue.
@@ -307,13 +318,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kF16 = kKind == FusedKind::kNvfp4;
   constexpr int kRowBytes = code_row_bytes<kKind>();
   constexpr int kStage = stage_bytes<kKind>();
-  constexpr int kStages = stages<kKind>();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t epi0 = smem0 + kStages * kStage;  // output chunks (kEpiBytes)
-  const uint32_t bar0 = epi0 + kEpiBytes;          // full[s] at bar0 + 8s, empty[s] after them
+  constexpr int kBufs = epi_buffers<kKind>();
+  const uint32_t epi0 = smem0 + kStages * kStage;   // output chunk buffers (epi_bytes)
+  const uint32_t bar0 = epi0 + epi_bytes<kKind>();  // full[s] at bar0 + 8s, empty[s] after them
   auto full = [&](int s) { return bar0 + 8u * s; };
   auto empty = [&](int s) { return bar0 + 8u * (kStages + s); };
 
@@ -331,6 +342,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tiles_c = static_cast<int>(p.C / kBN), tiles_r = static_cast<int>(p.R / kBM);
   const int tiles = tiles_r * tiles_c;
   const int nk = static_cast<int>(p.K / kBK);
+  // Work unit u: tile u / splits, k-steps [kb_begin, kb_end) of split u % splits.
+  const int units = tiles * p.splits;
+  auto unit = [&](int u, int* m0, int* n0, int* kb_begin, int* kb_end, int* split) {
+    *split = u % p.splits;
+    tile_origin(u / p.splits, tiles_r, tiles_c, m0, n0);
+    *kb_begin = static_cast<int>(int64_t(nk) * *split / p.splits);
+    *kb_end = static_cast<int>(int64_t(nk) * (*split + 1) / p.splits);
+  };
 
   if (warp < 4) {
     // ---- Producer warpgroup: warp 0 fills the ring; the other three idle. ----
@@ -339,10 +358,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t scale_row = kF16 ? p.K / 16 : p.K / 32;  // bytes per row of A''s scales
     int s = 0;
     uint32_t ph = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      int m0, n0;
-      tile_origin(t, tiles_r, tiles_c, &m0, &n0);
-      for (int kb = 0; kb < nk; ++kb) {
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      int m0, n0, kb_begin, kb_end, split;
+      unit(u, &m0, &n0, &kb_begin, &kb_end, &split);
+      for (int kb = kb_begin; kb < kb_end; ++kb) {
         tma::mbar_wait(empty(s), ph ^ 1u);
         const uint32_t st = smem0 + s * kStage;
         if (lane == 0) {
@@ -385,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // One k-step: load and convert this thread's codes, issue the step's four wgmmas, then
   // release the stage of the step before (its group has completed after wait<1>).
-  auto step = [&](auto buf_tag, int kb) {
+  auto step = [&](auto buf_tag, int kb, bool first) {
     constexpr int kBuf = decltype(buf_tag)::value;
     tma::mbar_wait(full(s), ph);
     const uint8_t* st = smem + s * kStage;
@@ -416,12 +435,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       mma_m64n256k16_rs<kF16>(acc, af[kBuf][kk], wgmma::desc_of(b_lo + 2 * kk),
-                              (kb > 0 || kk > 0) ? 1 : 0);
+                              (!first || kk > 0) ? 1 : 0);
     }
     wgmma::commit();
     wgmma::wait<1>();
     keep(af[kBuf ^ 1]);
-    if (kb > 0) mbar_arrive(empty(prev));
+    if (!first) mbar_arrive(empty(prev));
     prev = s;
     if (++s == kStages) {
       s = 0;
@@ -429,16 +448,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    int m0, n0;
-    tile_origin(t, tiles_r, tiles_c, &m0, &n0);
-    int kb = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    int m0, n0, kb_begin, kb_end, split;
+    unit(u, &m0, &n0, &kb_begin, &kb_end, &split);
+    int kb = kb_begin;
 #pragma unroll 1
-    for (; kb + 1 < nk; kb += 2) {
-      step(std::integral_constant<int, 0>{}, kb);
-      step(std::integral_constant<int, 1>{}, kb + 1);
+    for (; kb + 1 < kb_end; kb += 2) {
+      step(std::integral_constant<int, 0>{}, kb, kb == kb_begin);
+      step(std::integral_constant<int, 1>{}, kb + 1, false);
     }
-    if (kb < nk) step(std::integral_constant<int, 0>{}, kb);
+    if (kb < kb_end) step(std::integral_constant<int, 0>{}, kb, kb == kb_begin);
     wgmma::wait<0>();
     keep(af[0]);
     keep(af[1]);
@@ -450,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // second). Each warpgroup writes its 64 rows in chunks of 128 bytes per row (64 bf16 / 32
     // f32 columns) into shared memory in the 128-byte swizzle (conflict-free: the 8 rows of a
     // warp's store land in 8 different 16-byte columns), and one thread stores the chunk with
-    // TMA; two chunk buffers alternate, so writing one overlaps the store of the other, and the
+    // TMA; with two chunk buffers (NVFP4) writing one overlaps the store of the other, and the
     // next tile's mainloop overlaps the last stores.
     constexpr int kChunkCols = kOutF32 ? 32 : 64;
     constexpr int kEsz = kOutF32 ? 4 : 2;
@@ -459,8 +478,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t r0 = m0 + row0;
 #pragma unroll
     for (int q = 0; q < kBN / kChunkCols; ++q) {
-      const uint32_t cb = epi0 + cw * 16384 + (q & 1) * 8192;
-      if (leader) bulk_wait_read<1>();  // the store that last read this buffer is done with it
+      const uint32_t cb = epi0 + (cw * kBufs + q % kBufs) * kChunkBytes;
+      if (leader) bulk_wait_read<kBufs - 1>();  // the store that last read this buffer is done
       named_sync(1 + cw, 128);
 #pragma unroll
       for (int jl = 0; jl < kChunkCols / 8; ++jl) {
@@ -527,7 +546,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::fence_proxy_async();  // the chunk's writes visible to the TMA unit
       named_sync(1 + cw, 128);
       if (leader) {
-        tma_store_2d(&o_map, cb, n0 + q * kChunkCols, int(m0) + cw * 64);
+        // Split s of a split-K GEMM writes rows s·R + … of the partial sums.
+        tma_store_2d(&o_map, cb, n0 + q * kChunkCols, split * int(p.R) + m0 + cw * 64);
         bulk_commit();
       }
     }
@@ -546,23 +566,25 @@ struct PermJob {
   DequantScales layout;
 };
 
-// One thread per 16 consecutive k of a row (k = 64·kb + 16·c4 + i): 16 values, written as eight
-// 4-byte pairs at their permuted positions. K-contiguous copies: consecutive threads take
-// consecutive k of a row (coalesced code loads); MX columnwise copies ([K, C] bytes): consecutive
-// threads take consecutive rows, so that each of the 16 byte loads is coalesced across the warp.
+// The NVFP4 alpha' of Nvfp4Alpha into al.out[0] (and beta into al.out[1]).
+__device__ void write_alpha(const Nvfp4Alpha& al) {
+  float a = al.alpha;
+  if (al.amax_a != nullptr) a = mul_rn(a, *al.amax_a);
+  if (al.amax_b != nullptr) a = mul_rn(a, *al.amax_b);
+  const int n = (al.amax_a != nullptr) + (al.amax_b != nullptr);
+  if (n == 2) a = mul_rn(a, __frcp_rn(7225344.0f));  // RN(1 / (6·6·448·448))
+  if (n == 1) a = mul_rn(a, __frcp_rn(2688.0f));     // RN(1 / (6·448))
+  al.out[0] = a;
+  al.out[1] = al.beta;
+}
+
+// K-contiguous copies (NVFP4, MX rowwise): one thread per 16 consecutive k of a row (k = 64·kb +
+// 16·c4 + i, consecutive threads along the row: coalesced code loads), 16 values written as
+// eight 4-byte pairs at their permuted positions.
 template <bool kF16>
 __global__ void __launch_bounds__(256) dequant_perm_kernel(PermJob j, Nvfp4Alpha al) {
   pdl::grid_sync();
-  if (al.out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
-    float a = al.alpha;
-    if (al.amax_a != nullptr) a = mul_rn(a, *al.amax_a);
-    if (al.amax_b != nullptr) a = mul_rn(a, *al.amax_b);
-    const int n = (al.amax_a != nullptr) + (al.amax_b != nullptr);
-    if (n == 2) a = mul_rn(a, __frcp_rn(7225344.0f));  // RN(1 / (6·6·448·448))
-    if (n == 1) a = mul_rn(a, __frcp_rn(2688.0f));     // RN(1 / (6·448))
-    al.out[0] = a;
-    al.out[1] = al.beta;
-  }
+  if (al.out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) write_alpha(al);
   __shared__ float lut[256];
   for (int i = threadIdx.x; i < 256; i += blockDim.x) {
     lut[i] = kF16 ? (i < 16 ? decode(DType::kE2M1, uint32_t(i)) : 0.0f) : decode(j.t, uint32_t(i));
@@ -570,29 +592,24 @@ __global__ void __launch_bounds__(256) dequant_perm_kernel(PermJob j, Nvfp4Alpha
   __syncthreads();
   const int64_t per_row = j.cols / 16;
   const int64_t units = j.rows * per_row;
-  const bool colwise = j.layout == DequantScales::kMxColumnwise;
   for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < units;
        u += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = colwise ? u % j.rows : u / per_row;
-    const int64_t k0 = (colwise ? u / j.rows : u % per_row) * 16;  // 64·kb + 16·c4
+    const int64_t r = u / per_row;
+    const int64_t k0 = (u % per_row) * 16;  // 64·kb + 16·c4
     float f[16];
-    if (j.layout == DequantScales::kNvfp4) {
+    if constexpr (kF16) {
       const uint2 w = *reinterpret_cast<const uint2*>(j.codes + (r * j.cols + k0) / 2);
       const float sc = decode(DType::kUE4M3, j.scales[(r * j.cols + k0) / 16]);
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         f[i] = mul_rn(lut[((i < 8 ? w.x : w.y) >> (4 * (i & 7))) & 0xFu], sc);
       }
-    } else if (!colwise) {
+    } else {
       const uint4 w = *reinterpret_cast<const uint4*>(j.codes + r * j.cols + k0);
       const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
       const float sc = decode_e8m0(j.scales[(r * j.cols + k0) / 32]);
 #pragma unroll
       for (int i = 0; i < 16; ++i) f[i] = mul_rn(lut[(ws[i >> 2] >> (8 * (i & 3))) & 0xFFu], sc);
-    } else {  // stored [cols (K), rows (C)], scales [K/32, C]: 16 k share one scale
-      const float sc = decode_e8m0(j.scales[(k0 / 32) * j.rows + r]);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) f[i] = mul_rn(lut[j.codes[(k0 + i) * j.rows + r]], sc);
     }
     uint32_t h[16];
 #pragma unroll
@@ -607,6 +624,102 @@ __global__ void __launch_bounds__(256) dequant_perm_kernel(PermJob j, Nvfp4Alpha
     for (int kk = 0; kk < 4; ++kk) {  // k = 16c4 + 4kk + jj → 16kk + 2c4 + (jj & 1) + 8(jj >> 1)
       *reinterpret_cast<uint32_t*>(o + 16 * kk) = h[4 * kk] | (h[4 * kk + 1] << 16);
       *reinterpret_cast<uint32_t*>(o + 16 * kk + 8) = h[4 * kk + 2] | (h[4 * kk + 3] << 16);
+    }
+  }
+}
+
+// MX columnwise copies (codes [K, C] bytes, scales [K/32, C]: B' transposed): one block per
+// 64 k × 64 rows of B'. The codes come in as 64-byte rows (coalesced), each thread converts the
+// 16 k of one B' row from shared memory, and the block writes its 64 rows × 128 bytes of output
+// from shared memory in 16-byte stores.
+__global__ void __launch_bounds__(256) dequant_perm_colwise_kernel(PermJob j, Nvfp4Alpha al) {
+  pdl::grid_sync();
+  if (al.out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) write_alpha(al);
+  __shared__ float lut[256];
+  __shared__ __align__(16) uint8_t codes[64][64];  // [k][row]
+  __shared__ __align__(16) uint16_t out[64][64];   // [row][permuted k]
+  const int t = threadIdx.x;
+  const int64_t k0 = int64_t(blockIdx.x) * 64, r0 = int64_t(blockIdx.y) * 64;
+  lut[t] = decode(j.t, uint32_t(t));
+  *reinterpret_cast<uint4*>(&codes[t / 4][16 * (t % 4)]) =
+      *reinterpret_cast<const uint4*>(j.codes + (k0 + t / 4) * j.rows + r0 + 16 * (t % 4));
+  __syncthreads();
+  const int r = t % 64, c4 = t / 64;  // a warp: 32 consecutive rows, one c4
+  const float sc = decode_e8m0(j.scales[((k0 + 16 * c4) / 32) * j.rows + r0 + r]);
+  uint32_t h[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    h[i] = __bfloat16_as_ushort(__float2bfloat16_rn(mul_rn(lut[codes[16 * c4 + i][r]], sc)));
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    *reinterpret_cast<uint32_t*>(&out[r][16 * kk + 2 * c4]) = h[4 * kk] | (h[4 * kk + 1] << 16);
+    *reinterpret_cast<uint32_t*>(&out[r][16 * kk + 2 * c4 + 8]) =
+        h[4 * kk + 2] | (h[4 * kk + 3] << 16);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int e = t + 256 * i;  // 512 16-byte pieces: row e / 8, piece e % 8
+    *reinterpret_cast<uint4*>(j.out + (r0 + e / 8) * j.cols + k0 + 8 * (e % 8)) =
+        *reinterpret_cast<const uint4*>(&out[e / 8][8 * (e % 8)]);
+  }
+}
+
+// out = Σ_s partial[s] (s in order: deterministic) (+ beta · c) (+ bias), one rounding to out's
+// type; the partials already carry alpha. Four columns per thread (C % 256 == 0).
+struct SplitReduce {
+  const float* partial;  // [splits, R, C]
+  int splits;
+  int64_t R, C;
+  float beta;
+  const void* c;
+  void* out;
+  bool out_f32;
+  int64_t ldd;
+  const void* bias;
+  bool bias_bf16;
+};
+
+__global__ void __launch_bounds__(256) split_reduce_kernel(SplitReduce r) {
+  pdl::grid_sync();
+  const int64_t n4 = r.R * r.C / 4, plane = r.R * r.C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = (4 * i) / r.C, col = (4 * i) % r.C;
+    float4 v = *reinterpret_cast<const float4*>(r.partial + 4 * i);
+    for (int s = 1; s < r.splits; ++s) {
+      const float4 w = *reinterpret_cast<const float4*>(r.partial + s * plane + 4 * i);
+      v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+    }
+    float x[4] = {v.x, v.y, v.z, v.w};
+    const int64_t o = row * r.ldd + col;
+    if (r.beta != 0.0f) {
+      const void* cs = r.c != nullptr ? r.c : r.out;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float y = r.out_f32 ? static_cast<const float*>(cs)[o + k]
+                                  : __bfloat162float(static_cast<const __nv_bfloat16*>(cs)[o + k]);
+        x[k] = fmaf(r.beta, y, x[k]);
+      }
+    }
+    if (r.bias != nullptr) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        x[k] += r.bias_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(r.bias)[col + k])
+                            : static_cast<const float*>(r.bias)[col + k];
+      }
+    }
+    if (r.out_f32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(r.out) + o) =
+          make_float4(x[0], x[1], x[2], x[3]);
+    } else {
+      const __nv_bfloat162 a = __floats2bfloat162_rn(x[0], x[1]);
+      const __nv_bfloat162 b = __floats2bfloat162_rn(x[2], x[3]);
+      uint2 u;
+      u.x = *reinterpret_cast<const uint32_t*>(&a);
+      u.y = *reinterpret_cast<const uint32_t*>(&b);
+      *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(r.out) + o) = u;
     }
   }
 }
@@ -632,8 +745,20 @@ void launch_fused(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorM
     return true;
   }();
   (void)attr_set;
-  const KernelArgs p{a.a_scales, a.R, a.C,   a.K,   a.alpha_dev, a.alpha,
-                     a.beta,     a.c, a.out, a.ldd, a.bias,      a.bias_bf16};
+  const bool split = a.splits > 1;  // the kernel writes partial sums, the reduction the rest
+  const KernelArgs p{a.a_scales,
+                     a.R,
+                     a.C,
+                     a.K,
+                     a.alpha_dev,
+                     a.alpha,
+                     split ? 0.0f : a.beta,
+                     a.c,
+                     split ? static_cast<void*>(a.partial) : a.out,
+                     split ? a.C : a.ldd,
+                     split ? nullptr : a.bias,
+                     a.bias_bf16,
+                     split ? a.splits : 1};
   pdl::launch(kernel, unsigned(grid), kThreads, smem, stream, am, bm, om, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
@@ -641,8 +766,9 @@ void launch_fused(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorM
 template <FusedKind kKind>
 void launch_kind(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorMap& bm,
                  const CUtensorMap& om, int grid, cudaStream_t stream) {
-  const bool plain = a.beta == 0.0f && a.bias == nullptr;
-  if (a.out_f32) {
+  const bool split = a.splits > 1;
+  const bool plain = split || (a.beta == 0.0f && a.bias == nullptr);
+  if (split || a.out_f32) {
     plain ? launch_fused<kKind, true, true>(a, am, bm, om, grid, stream)
           : launch_fused<kKind, true, false>(a, am, bm, om, grid, stream);
   } else {
@@ -677,21 +803,50 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
   LOWBIT_CHECK(tma::make_2d_map(&bm, a.b_perm, CU_TENSOR_MAP_DATA_TYPE_UINT16, a.K, a.C, a.K * 2,
                                 kBK, kBN, CU_TENSOR_MAP_SWIZZLE_128B),
                "fused_gemm: no TMA map for B' [{}, {}]", a.C, a.K);
+  const bool split = a.splits > 1;
+  LOWBIT_CHECK(a.splits >= 1 && a.splits <= a.K / kBK && (!split || a.partial != nullptr),
+               "fused_gemm: {} splits of {} k-steps", a.splits, a.K / kBK);
   CUtensorMap om;
+  const bool f32 = split || a.out_f32;
   LOWBIT_CHECK(
-      tma::make_2d_map(
-          &om, a.out,
-          a.out_f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.C, a.R,
-          a.ldd * (a.out_f32 ? 4 : 2), a.out_f32 ? 32 : 64, 64, CU_TENSOR_MAP_SWIZZLE_128B),
+      tma::make_2d_map(&om, split ? static_cast<void*>(a.partial) : a.out,
+                       f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                       a.C, split ? a.splits * a.R : a.R, (split ? a.C : a.ldd) * (f32 ? 4 : 2),
+                       f32 ? 32 : 64, 64, CU_TENSOR_MAP_SWIZZLE_128B),
       "fused_gemm: no TMA map for out [{}, {}] (ldd {})", a.R, a.C, a.ldd);
-  const int64_t tiles = (a.R / kBM) * (a.C / kBN);
+  const int64_t units = (a.R / kBM) * (a.C / kBN) * a.splits;
   const int cap = a.max_ctas > 0 ? std::min(a.max_ctas, sm_count()) : sm_count();
-  const int grid = static_cast<int>(std::min<int64_t>(tiles, cap));
+  const int grid = static_cast<int>(std::min<int64_t>(units, cap));
   switch (a.kind) {
     case FusedKind::kNvfp4: launch_kind<FusedKind::kNvfp4>(a, am, bm, om, grid, stream); break;
     case FusedKind::kE4M3: launch_kind<FusedKind::kE4M3>(a, am, bm, om, grid, stream); break;
     case FusedKind::kE5M2: launch_kind<FusedKind::kE5M2>(a, am, bm, om, grid, stream); break;
   }
+  if (split) {
+    const int64_t n4 = a.R * a.C / 4;
+    const int rgrid = static_cast<int>(std::clamp<int64_t>((n4 + 255) / 256, 1, 4 * 8192));
+    const SplitReduce r{a.partial, a.splits,  a.R,   a.C,    a.beta,     a.c,
+                        a.out,     a.out_f32, a.ldd, a.bias, a.bias_bf16};
+    pdl::launch(split_reduce_kernel, unsigned(rgrid), 256, 0, stream, r);
+    LOWBIT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+int fused_gemm_splits(int64_t R, int64_t C, int64_t K) {
+  // Modelled time per split count (µs on an H100: a k-step of one CTA ≈ 0.6, the partial sums
+  // written and read at ≈ 2.5 TB/s); the cheapest wins. Whole-GPU problems take 1.
+  const int64_t tiles = (R / kBM) * (C / kBN), nk = K / kBK, sms = sm_count();
+  int best = 1;
+  double best_t = 0.0;
+  for (int s = 1; s <= 16 && s <= nk; ++s) {
+    const double waves = double((tiles * s + sms - 1) / sms);
+    const double t = waves * (double(nk) / s + 2.0) * 0.6 + (s > 1 ? s * R * C * 8 / 2.5e6 : 0.0);
+    if (s == 1 || t < best_t) {
+      best = s;
+      best_t = t;
+    }
+  }
+  return best;
 }
 
 void dequant_b_permuted(const DequantJob& b, FusedKind kind, const Nvfp4Alpha* alpha,
@@ -704,12 +859,19 @@ void dequant_b_permuted(const DequantJob& b, FusedKind kind, const Nvfp4Alpha* a
                int(b.layout));
   const PermJob j{b.codes, b.scales, b.out, b.rows, b.cols, b.t, b.layout};
   const Nvfp4Alpha al = alpha != nullptr ? *alpha : Nvfp4Alpha{};
-  const int64_t units = b.rows * (b.cols / 16);
-  const int grid = static_cast<int>(std::clamp<int64_t>((units + 255) / 256, 1, 8192));
-  if (nv) {
-    pdl::launch(dequant_perm_kernel<true>, unsigned(grid), 256, 0, stream, j, al);
+  if (b.layout == DequantScales::kMxColumnwise) {
+    LOWBIT_CHECK(b.rows % 64 == 0 && b.rows / 64 <= 65535,
+                 "dequant_b_permuted: rows {} not a multiple of 64", b.rows);
+    pdl::launch(dequant_perm_colwise_kernel, dim3(unsigned(b.cols / 64), unsigned(b.rows / 64)),
+                256, 0, stream, j, al);
   } else {
-    pdl::launch(dequant_perm_kernel<false>, unsigned(grid), 256, 0, stream, j, al);
+    const int64_t units = b.rows * (b.cols / 16);
+    const int grid = static_cast<int>(std::clamp<int64_t>((units + 255) / 256, 1, 8192));
+    if (nv) {
+      pdl::launch(dequant_perm_kernel<true>, unsigned(grid), 256, 0, stream, j, al);
+    } else {
+      pdl::launch(dequant_perm_kernel<false>, unsigned(grid), 256, 0, stream, j, al);
+    }
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }

@@ -24,9 +24,6 @@ enum class FusedKind : uint8_t {
 // every row's scales are 4-byte aligned).
 constexpr int64_t kFusedTileR = 128, kFusedTileC = 256;
 bool fused_gemm_shape_ok(FusedKind kind, int64_t R, int64_t C, int64_t K);
-// Whether [R, C] has at least one 128 × 256 tile per SM of the current device (the persistent
-// grid has no split-K: fewer tiles leave SMs idle).
-bool fused_gemm_fills_gpu(int64_t R, int64_t C);
 
 // out [R, C] = alpha_eff · Σ_k A'[r, k] · B'[c, k] (+ beta · c) (+ bias[c]), fp32 accumulation,
 // one rounding to out's type.
@@ -54,8 +51,17 @@ struct FusedGemmArgs {
   const void* bias = nullptr;
   bool bias_bf16 = true;
   int max_ctas = 0;  // persistent grid size cap (0: one CTA per SM); tests use it
+  // Split-K: splits > 1 runs each tile as `splits` CTAs over consecutive k ranges writing f32
+  // partial sums [splits, R, C] into `partial` (workspace), then a reduction kernel adds them in
+  // order with beta · c and the bias (deterministic). For problems with fewer tiles than SMs.
+  int splits = 1;
+  float* partial = nullptr;
 };
 void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream);
+
+// The split count fused_gemm should use for [R, C] over K (1 when the tiles fill the GPU): the
+// cheapest by a model of waves × k-steps per split plus the partial sums' traffic.
+int fused_gemm_splits(int64_t R, int64_t C, int64_t K);
 
 // B' [rows = C, cols = K] dequantized (the job's codes, scales and layout as in DequantJob; MX
 // columnwise copies [K, C] are read transposed) into out [C, K] 16-bit with the fused kernel's

@@ -122,6 +122,7 @@ std::map<PlanKey, Plan>& plan_cache() {
 
 thread_local GemmCudaLastCall g_last_call;
 int g_fused_max_ctas = 0;  // set_gemm_fused_max_ctas (tests): persistent grid cap, 0 = SMs
+int g_fused_splits = 0;    // set_gemm_fused_splits (tests): split-K count, 0 = the model's
 
 std::string describe(const LtProblem& p) {
   return fmt::format(
@@ -637,8 +638,13 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
   if (mode == FusedDequant::kOff) return false;
   const std::optional<gemm_kernels::FusedKind> kind = fused_kind(g);
   if (!kind || !gemm_kernels::fused_gemm_shape_ok(*kind, g.R, g.C, g.Kc)) return false;
+  // The default takes NVFP4 pairs with outputs up to kFusedAutoMaxC wide: there the bf16 copy
+  // of A' that the unfused path writes and re-reads costs more than the fused kernel gives up
+  // to cuBLASLt (a few %); wider outputs (the LM head, 1b fc1) amortise that copy over more
+  // columns and stay with cuBLASLt (bench/results/h100-2026-11-27/fused-gemm-*/).
+  constexpr int64_t kFusedAutoMaxC = 2048;
   if (mode == FusedDequant::kAuto &&
-      (*kind != gemm_kernels::FusedKind::kNvfp4 || !gemm_kernels::fused_gemm_fills_gpu(g.R, g.C))) {
+      (*kind != gemm_kernels::FusedKind::kNvfp4 || g.C > kFusedAutoMaxC)) {
     return false;
   }
   const Tensor& a_data = copy_data(g.a);
@@ -662,10 +668,15 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
                "gemm_cuda: copy {} does not match rows {} kc {}", b_data.view().str(), g.C, g.Kc);
 
   cudaStream_t stream = ctx.stream();
+  const int splits = g_fused_splits > 0 ? std::min<int>(g_fused_splits, int(g.Kc / 64))
+                                        : gemm_kernels::fused_gemm_splits(g.R, g.C, g.Kc);
+  // Workspace: B' permuted (16-bit), the split-K partial sums (f32), alpha'/beta.
   const size_t buf_bytes = align_up(size_t(g.C) * size_t(g.Kc) * 2);
-  auto* ws = static_cast<char*>(ctx.workspace(buf_bytes + kAlign));
+  const size_t part_bytes = splits > 1 ? align_up(size_t(splits) * g.R * g.C * 4) : 0;
+  auto* ws = static_cast<char*>(ctx.workspace(buf_bytes + part_bytes + kAlign));
   auto* b_perm = reinterpret_cast<uint16_t*>(ws);
-  auto* scalars = reinterpret_cast<float*>(ws + buf_bytes);
+  auto* partial = reinterpret_cast<float*>(ws + buf_bytes);
+  auto* scalars = reinterpret_cast<float*>(ws + buf_bytes + part_bytes);
 
   gemm_kernels::DequantJob job;
   job.codes = b_data.ptr<const uint8_t>();
@@ -708,6 +719,8 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
     fa.bias_bf16 = opt.bias->dtype == DType::kBF16;
   }
   fa.max_ctas = g_fused_max_ctas;
+  fa.splits = splits;
+  fa.partial = splits > 1 ? partial : nullptr;
   gemm_kernels::fused_gemm(fa, stream);
 
   GemmCudaLastCall& last = g_last_call;
@@ -722,6 +735,7 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
 }  // namespace
 
 void set_gemm_fused_max_ctas(int n) { g_fused_max_ctas = n; }
+void set_gemm_fused_splits(int n) { g_fused_splits = n; }
 
 void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const GemmOptions& opt) {
   LOWBIT_CHECK(ctx.on_gpu(), "gemm_cuda on a CPU context");

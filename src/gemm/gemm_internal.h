@@ -66,10 +66,10 @@ bool gemm_autotune_from_env(const char* value);
 
 // When the emulated MX / NVFP4 path runs the fused-dequantization kernel (fused_dequant_gemm.cu)
 // instead of dequantization + cuBLASLt. It can run an FP8 (MX) or NVFP4 pair with A'
-// K-contiguous, R % 128, C % 256 and K % 64 (MX: 128). kAuto (the default) takes it for NVFP4
-// pairs whose 128 × 256 tiles fill every SM at least once (fewer tiles, e.g. the wgrad of a
-// small layer, leave SMs idle: bench/results/h100-2026-11-27/); kOn wherever it can run (tests,
-// A/B timing); kOff never. LOWBIT_GEMM_FUSED=0 / off, 1 / on, auto; set_gemm_fused_dequant()
+// K-contiguous, R % 128, C % 256 and K % 64 (MX: 128), with split-K where the tiles are fewer
+// than the SMs. kAuto (the default) takes it for NVFP4 pairs with C ≤ 2048 (where it is faster:
+// bench/results/h100-2026-11-27/fused-gemm-*/); kOn wherever it can run (tests, A/B timing); kOff
+// never. LOWBIT_GEMM_FUSED=0 / off, 1 / on, auto; set_gemm_fused_dequant()
 // overrides the environment for the whole process.
 enum class FusedDequant : uint8_t { kOff, kAuto, kOn };
 void set_gemm_fused_dequant(FusedDequant mode);
@@ -80,6 +80,8 @@ FusedDequant gemm_fused_dequant();
 // Caps the fused kernel's persistent grid at n CTAs (0: one per SM), so that tests reach several
 // tiles per CTA at small shapes.
 void set_gemm_fused_max_ctas(int n);
+// Forces the fused kernel's split-K count (0: its model's choice, fused_gemm_splits).
+void set_gemm_fused_splits(int n);
 
 // CPU backend: f32 sgemm over the dequantized operands.
 void gemm_cpu(const CanonGemm& g, const TensorView& out, const GemmOptions& opt);

@@ -1062,13 +1062,16 @@ namespace {
 // Sets the fused-dequantization switch (and the grid cap) for a scope, then restores them.
 class FusedScope {
  public:
-  explicit FusedScope(FusedDequant mode, int max_ctas = 0) : prev_(gemm_fused_dequant()) {
+  explicit FusedScope(FusedDequant mode, int max_ctas = 0, int splits = 0)
+      : prev_(gemm_fused_dequant()) {
     set_gemm_fused_dequant(mode);
     set_gemm_fused_max_ctas(max_ctas);
+    set_gemm_fused_splits(splits);
   }
   ~FusedScope() {
     set_gemm_fused_dequant(prev_);
     set_gemm_fused_max_ctas(0);
+    set_gemm_fused_splits(0);
   }
   FusedScope(const FusedScope&) = delete;
   FusedScope& operator=(const FusedScope&) = delete;
@@ -1097,20 +1100,22 @@ Recipe recipe_named(const std::string& name) {
 
 // The fused kernel against the float64 reference: NVFP4 and MXFP8, every role where it applies
 // (the others run the unfused path and are checked alike), every fill; an odd number of k-steps;
-// a grid capped at 2 CTAs so that each walks several tiles through the ring.
+// a grid capped at 2 CTAs so that each walks several tiles through the ring; split-K as its
+// model picks it (these small problems: several splits), none, and an uneven 3.
 TEST_F(GpuGemm, FusedDequantGemmMatchesFloat64Reference) {
   if (!emulated_on_this_gpu()) GTEST_SKIP() << "sm_100+: MX / NVFP4 are not emulated";
   Context ctx(Device::cuda(0));
   struct Case {
     int64_t m, n, k;
-    int max_ctas;
+    int max_ctas, splits;
   };
-  const std::vector<Case> cases = {
-      {256, 512, 768, 0}, {384, 256, 1280, 0}, {128, 256, 576, 0}, {512, 768, 256, 2}};
+  const std::vector<Case> cases = {{256, 512, 768, 0, 0},  {384, 256, 1280, 0, 0},
+                                   {128, 256, 576, 0, 1},  {512, 768, 256, 2, 1},
+                                   {256, 512, 1280, 0, 3}, {512, 768, 256, 2, 0}};
   for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
     const Recipe rc = recipe_named(name);
     for (const Case& cs : cases) {
-      FusedScope fused(FusedDequant::kOn, cs.max_ctas);
+      FusedScope fused(FusedDequant::kOn, cs.max_ctas, cs.splits);
       for (Fill f : {Fill::kNormal, Fill::kHeavyTail, Fill::kCancel, Fill::kTiny, Fill::kZeros}) {
         const Problem p = make_problem(ctx, rc, cs.m, cs.n, cs.k, f, 300 + cs.m + cs.k);
         for (GemmRole role : kRoles) {
@@ -1121,65 +1126,70 @@ TEST_F(GpuGemm, FusedDequantGemmMatchesFloat64Reference) {
       }
     }
   }
-  // The default (kAuto) leaves these small problems (fewer tiles than SMs) and MX to the
-  // unfused path.
+  // The default (kAuto) takes NVFP4 with outputs up to 2048 wide and leaves MX and wider NVFP4
+  // outputs to the unfused path.
   FusedScope automatic(FusedDequant::kAuto);
   for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
     const Recipe rc = recipe_named(name);
-    const Problem p = make_problem(ctx, rc, 256, 512, 768, Fill::kNormal, 5);
-    check_role(ctx, rc, p.x, p.w, p.dy, 256, 512, 768, GemmRole::kFprop, RunSpec{}, "auto");
-    EXPECT_FALSE(g_checked_call.fused_dequant) << name;
+    for (int64_t n : {512, 2304}) {
+      const Problem p = make_problem(ctx, rc, 256, n, 256, Fill::kNormal, 5);
+      check_role(ctx, rc, p.x, p.w, p.dy, 256, n, 256, GemmRole::kFprop, RunSpec{}, "auto");
+      EXPECT_EQ(g_checked_call.fused_dequant, rc.name == "nvfp4" && n <= 2048) << name << " " << n;
+    }
   }
 }
 
-// The fused kernel's general epilogue: f32 and bf16 out, alpha, beta into out and into a
-// separate c, bias of either dtype; and NaN / inf operands.
+// The fused kernel's general epilogue and the split-K reduction's: f32 and bf16 out, alpha, beta
+// into out and into a separate c, bias of either dtype; and NaN / inf operands.
 TEST_F(GpuGemm, FusedDequantGemmEpilogueAndSpecials) {
   if (!emulated_on_this_gpu()) GTEST_SKIP() << "sm_100+: MX / NVFP4 are not emulated";
   Context ctx(Device::cuda(0));
-  FusedScope fused(FusedDequant::kOn);
   const int64_t M = 256, N = 256, K = 512;
-  for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
-    const Recipe rc = recipe_named(name);
-    const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 91);
-    for (GemmRole role : {GemmRole::kFprop, GemmRole::kDgrad}) {
-      std::vector<RunSpec> specs;
-      RunSpec s;
-      s.out = DType::kF32;
-      s.alpha = 0.75f;
-      s.beta = 0.5f;
-      s.bias = true;
-      specs.push_back(s);
-      s.bias_dtype = DType::kBF16;
-      specs.push_back(s);
-      s = RunSpec{};
-      s.bias = true;
-      s.bias_dtype = DType::kF32;
-      specs.push_back(s);
-      s = RunSpec{};
-      s.beta = 1.0f;
-      s.separate_c = true;
-      specs.push_back(s);
-      s.out = DType::kF32;
-      specs.push_back(s);
-      for (const RunSpec& sp : specs) {
-        check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, sp, "epilogue");
-        EXPECT_TRUE(g_checked_call.fused_dequant);
-        if (sp.bias) {
-          EXPECT_TRUE(g_checked_call.bias_epilogue);
+  for (int splits : {1, 4}) {
+    SCOPED_TRACE(fmt::format("splits {}", splits));
+    FusedScope fused(FusedDequant::kOn, 0, splits);
+    for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
+      const Recipe rc = recipe_named(name);
+      const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 91);
+      for (GemmRole role : {GemmRole::kFprop, GemmRole::kDgrad}) {
+        std::vector<RunSpec> specs;
+        RunSpec s;
+        s.out = DType::kF32;
+        s.alpha = 0.75f;
+        s.beta = 0.5f;
+        s.bias = true;
+        specs.push_back(s);
+        s.bias_dtype = DType::kBF16;
+        specs.push_back(s);
+        s = RunSpec{};
+        s.bias = true;
+        s.bias_dtype = DType::kF32;
+        specs.push_back(s);
+        s = RunSpec{};
+        s.beta = 1.0f;
+        s.separate_c = true;
+        specs.push_back(s);
+        s.out = DType::kF32;
+        specs.push_back(s);
+        for (const RunSpec& sp : specs) {
+          check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, sp, "epilogue");
+          EXPECT_TRUE(g_checked_call.fused_dequant);
+          if (sp.bias) {
+            EXPECT_TRUE(g_checked_call.bias_epilogue);
+          }
         }
       }
-    }
-    const bool nv = rc.name == "nvfp4";
-    for (Fill f : {Fill::kNan, Fill::kNanInf}) {
-      if (nv && f == Fill::kNanInf) continue;
-      const Problem q = make_problem(ctx, rc, M, N, K, f, 556);
-      for (GemmRole role : {GemmRole::kFprop, GemmRole::kDgrad}) {
-        for (DType out : {DType::kBF16, DType::kF32}) {
-          RunSpec sp;
-          sp.out = out;
-          check_role(ctx, rc, q.x, q.w, q.dy, M, N, K, role, sp, fill_name(f));
-          EXPECT_TRUE(g_checked_call.fused_dequant);
+      const bool nv = rc.name == "nvfp4";
+      for (Fill f : {Fill::kNan, Fill::kNanInf}) {
+        if (nv && f == Fill::kNanInf) continue;
+        const Problem q = make_problem(ctx, rc, M, N, K, f, 556);
+        for (GemmRole role : {GemmRole::kFprop, GemmRole::kDgrad}) {
+          for (DType out : {DType::kBF16, DType::kF32}) {
+            RunSpec sp;
+            sp.out = out;
+            check_role(ctx, rc, q.x, q.w, q.dy, M, N, K, role, sp, fill_name(f));
+            EXPECT_TRUE(g_checked_call.fused_dequant);
+          }
         }
       }
     }
