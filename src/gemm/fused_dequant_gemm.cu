@@ -832,6 +832,8 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
   }
 }
 
+int fused_gemm_sm_count() { return sm_count(); }
+
 int fused_gemm_splits(int64_t R, int64_t C, int64_t K) {
   // Modelled time per split count (µs on an H100: a k-step of one CTA ≈ 0.6, the partial sums
   // written and read at ≈ 2.5 TB/s); the cheapest wins. Whole-GPU problems take 1.

@@ -59,6 +59,9 @@ struct FusedGemmArgs {
 };
 void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream);
 
+// SMs of the current device (the persistent grid's size).
+int fused_gemm_sm_count();
+
 // The split count fused_gemm should use for [R, C] over K (1 when the tiles fill the GPU): the
 // cheapest by a model of waves × k-steps per split plus the partial sums' traffic.
 int fused_gemm_splits(int64_t R, int64_t C, int64_t K);

@@ -638,13 +638,17 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
   if (mode == FusedDequant::kOff) return false;
   const std::optional<gemm_kernels::FusedKind> kind = fused_kind(g);
   if (!kind || !gemm_kernels::fused_gemm_shape_ok(*kind, g.R, g.C, g.Kc)) return false;
-  // The default takes NVFP4 pairs with outputs up to kFusedAutoMaxC wide: there the bf16 copy
-  // of A' that the unfused path writes and re-reads costs more than the fused kernel gives up
-  // to cuBLASLt (a few %); wider outputs (the LM head, 1b fc1) amortise that copy over more
-  // columns and stay with cuBLASLt (bench/results/h100-2026-11-27/fused-gemm-*/).
-  constexpr int64_t kFusedAutoMaxC = 2048;
-  if (mode == FusedDequant::kAuto &&
-      (*kind != gemm_kernels::FusedKind::kNvfp4 || g.C > kFusedAutoMaxC)) {
+  // The default takes NVFP4 pairs where the fused kernel was measured faster than
+  // dequantization + cuBLASLt (bench/results/h100-2026-11-27/fused-gemm-final-0440/): outputs up
+  // to 2048 wide (the bf16 copy of A' that the unfused path writes and re-reads costs more than
+  // the fused kernel gives up to cuBLASLt), and up to 4096 wide when the contraction is long
+  // (K ≥ 4096) and the tiles fill the GPU (4096³, the 8b wgrads: 0.90–1.00× BF16 against
+  // 0.86–0.94×). Wider outputs, or 3072 wide over K = 768 (124m fc1 fprop, fc2 dgrad: 0.83–0.84
+  // against 0.88–0.91) or with split-K (124m fc2 wgrad: 0.59 against 0.72), stay unfused.
+  const bool fills = (g.R / gemm_kernels::kFusedTileR) * (g.C / gemm_kernels::kFusedTileC) >=
+                     gemm_kernels::fused_gemm_sm_count();
+  const bool worth = g.C <= 2048 || (g.C <= 4096 && g.Kc >= 4096 && fills);
+  if (mode == FusedDequant::kAuto && (*kind != gemm_kernels::FusedKind::kNvfp4 || !worth)) {
     return false;
   }
   const Tensor& a_data = copy_data(g.a);

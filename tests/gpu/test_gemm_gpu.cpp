@@ -1131,12 +1131,12 @@ TEST_F(GpuGemm, FusedDequantGemmMatchesFloat64Reference) {
       }
     }
   }
-  // The default (kAuto) takes NVFP4 with outputs up to 2048 wide and leaves MX and wider NVFP4
-  // outputs to the unfused path.
+  // The default (kAuto) takes NVFP4 with outputs up to 2048 wide (wider ones only with a long
+  // contraction and a full GPU of tiles) and leaves MX to the unfused path.
   FusedScope automatic(FusedDequant::kAuto);
   for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
     const Recipe rc = recipe_named(name);
-    for (int64_t n : {512, 2304}) {
+    for (int64_t n : {512, 4352}) {
       const Problem p = make_problem(ctx, rc, 256, n, 256, Fill::kNormal, 5);
       check_role(ctx, rc, p.x, p.w, p.dy, 256, n, 256, GemmRole::kFprop, RunSpec{}, "auto");
       EXPECT_EQ(g_checked_call.fused_dequant, rc.name == "nvfp4" && n <= 2048) << name << " " << n;
