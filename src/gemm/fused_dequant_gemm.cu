@@ -49,13 +49,13 @@
 #include <cstdlib>
 
 #include "core/pdl.cuh"
+#include "core/tma.cuh"
+#include "core/tma.h"
+#include "core/wgmma.cuh"
 #include "gemm/fused_dequant_gemm.h"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/formats.h"
 #include "lowbit/quant/rn_ops.h"
-#include "ops/tma.cuh"
-#include "ops/tma.h"
-#include "ops/wgmma.cuh"
 
 namespace lowbit::gemm_kernels {
 namespace {

@@ -43,12 +43,12 @@
 #include <vector>
 
 #include "core/pdl.cuh"
+#include "core/tma.cuh"
+#include "core/tma.h"
+#include "core/wgmma.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "ops/attention_impl.h"
 #include "ops/quant_epilogue.cuh"
-#include "ops/tma.cuh"
-#include "ops/tma.h"
-#include "ops/wgmma.cuh"
 
 namespace lowbit::attn {
 

@@ -20,11 +20,11 @@
 #include <tuple>
 
 #include "core/pdl.cuh"
+#include "core/tma.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "ops/ops_cuda.cuh"
 #include "ops/quant_epilogue.cuh"
 #include "ops/rmsnorm_impl.h"
-#include "ops/tma.cuh"
 
 namespace lowbit::ops_detail {
 

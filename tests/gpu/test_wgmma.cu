@@ -1,4 +1,4 @@
-// The wgmma building blocks of src/ops/wgmma.cuh on the device: a 64×64×64 bf16 product from
+// The wgmma building blocks of src/core/wgmma.cuh on the device: a 64×64×64 bf16 product from
 // 128B-swizzled shared-memory tiles, B K-major and N-major, against float64, with the
 // descriptor offsets the attention kernels are to use.
 #include <cuda_runtime.h>
@@ -9,9 +9,9 @@
 #include <random>
 #include <vector>
 
+#include "core/wgmma.cuh"
 #include "lowbit/core.h"
 #include "lowbit/formats.h"
-#include "ops/wgmma.cuh"
 
 namespace lowbit {
 namespace {

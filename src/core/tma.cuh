@@ -2,7 +2,7 @@
 // their bytes. One thread issues a tile copy with cp.async.bulk.tensor; the copy lands in the
 // layout the tensor map describes (here the 128-byte swizzle of the wgmma panels) and completes
 // a transaction count on an mbarrier, which every consumer thread waits on by phase parity.
-// The tensor maps themselves are made on the host (ops/tma.h).
+// The tensor maps themselves are made on the host (core/tma.h).
 #pragma once
 
 #include <cuda.h>

@@ -1,5 +1,6 @@
-// Host side of the TMA tile loads (ops/tma.cuh): tensor maps for the attention kernels' bf16
-// operands. cuTensorMapEncodeTiled is a driver function; it is looked up through the runtime
+// Host side of the TMA tile copies (core/tma.cuh): tensor maps for the attention kernels' bf16
+// operands and plain 2-D maps (the fused MX / NVFP4 GEMM's operands and output).
+// cuTensorMapEncodeTiled is a driver function; it is looked up through the runtime
 // (cudaGetDriverEntryPointByVersion), so nothing links against libcuda.
 #pragma once
 

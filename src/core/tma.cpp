@@ -1,4 +1,4 @@
-#include "ops/tma.h"
+#include "core/tma.h"
 
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
