@@ -61,7 +61,8 @@ struct GemmOptions {
   // cuBLASLt's epilogue (alpha·acc + beta·out + bias in fp32, one rounding to out's type) where
   // cuBLASLt takes the combination: a bias of out's dtype with bf16 operands (and the emulated
   // MX / NVFP4 path), a bf16 bias with FP8 operands; otherwise a separate kernel adds it after
-  // the GEMM (a second rounding for a bf16 out).
+  // the GEMM (a second rounding for a bf16 out). The emulated path's fused kernel adds either
+  // dtype in its own epilogue (one rounding).
   const TensorView* bias = nullptr;
   Fp8Accumulation accumulation = Fp8Accumulation::kDefault;
 };
@@ -72,7 +73,8 @@ enum class GemmBackend : uint8_t {
   kCublasLtBf16,         // BF16 tensor cores, fp32 accumulation
   kCublasLtFp8,          // per-tensor FP8 (SCALAR_32F scales)
   kCublasLtFp8Block,     // FP8 block scaling (VEC128_32F / BLK128x128_32F)
-  kEmulatedBf16,         // MX / NVFP4 on Hopper: exact dequantization to bf16, then BF16 GEMM
+  kEmulatedBf16,         // MX / NVFP4 on Hopper: exact dequantization to 16-bit values, then a
+                         // 16-bit GEMM (cuBLASLt BF16, or A' converted in a fused kernel)
   kCublasLtBlockScaled,  // sm_100+: VEC32_UE8M0 / VEC16_UE4M3 (not yet run on hardware)
 };
 std::string_view gemm_backend_name(GemmBackend b);

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -28,6 +29,25 @@ inline int cached_device_attr(int device, cudaDeviceAttr attr) {
 // SMs of `device`.
 inline int sm_count(int device) {
   return cached_device_attr(device, cudaDevAttrMultiProcessorCount);
+}
+
+// Opts `kernel` into `bytes` of dynamic shared memory on the current device when that exceeds
+// the 48 KiB default. The attribute is set once per kernel, device and larger size (a
+// cudaFuncSetAttribute costs ~10 µs of host time, which lands between kernels right after a
+// synchronisation).
+template <typename Kernel>
+void allow_dynamic_smem(Kernel* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, size_t> set;  // (kernel, device) → bytes allowed
+  int device = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mu);
+  size_t& allowed = set[{reinterpret_cast<const void*>(kernel), device}];
+  if (bytes <= allowed) return;
+  LOWBIT_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  allowed = bytes;
 }
 
 }  // namespace lowbit

@@ -46,8 +46,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
+#include <type_traits>
 
+#include "core/device_attr.h"
 #include "core/pdl.cuh"
 #include "core/tma.cuh"
 #include "core/tma.h"
@@ -260,7 +261,7 @@ __device__ __forceinline__ void mx_row(uint4 w, uint32_t e, DType t, uint32_t (&
   }
   // value · 2^(e−127) = bits-value · 2^(e − 127 + 120) (E5M2: + 112) = · 2^t1 · 2^t2.
   const int t0 = static_cast<int>(e) - (kE5M2 ? 15 : 7);
-  const int t1 = t0 < 127 ? t0 : 127, t2 = t0 - t1;  // t1 ∈ [-15, 127], t2 ∈ [0, 121]
+  const int t1 = t0 < 127 ? t0 : 127, t2 = t0 - t1;  // t1 ∈ [-15, 127], t2 ∈ [0, 120]
   const uint32_t f1 = uint32_t(t1 + 127) << 7, f2 = uint32_t(t2 + 127) << 7;
   const uint32_t s1 = f1 | (f1 << 16), s2 = f2 | (f2 << 16);
   uint32_t x[8];
@@ -285,7 +286,7 @@ __device__ __forceinline__ void mx_row(uint4 w, uint32_t e, DType t, uint32_t (&
 // Tile t's output origin. Tiles go in bands of kBand row tiles: down the band first, then
 // across the columns, so that the CTAs resident at once share a few B' panels and a few A' row
 // blocks in L2 (row-major order streams all of B' once per row tile: 124m's LM head, whose B'
-// is 77 MB of f16, ran at 0.62× bf16 that way).
+// is 49 MB of f16, ran at 0.62× bf16 that way).
 constexpr int kBand = 16;
 __device__ __forceinline__ void tile_origin(int t, int tiles_r, int tiles_c, int* m0, int* n0) {
   const int band = t / (kBand * tiles_c);
@@ -467,8 +468,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Epilogue: thread (g, c) of warp w holds rows row0, row0 + 8 and, for jj < 32, columns
     // 8·jj + 2c, 8·jj + 2c + 1 (acc[4jj], acc[4jj+1] the first row, acc[4jj+2], acc[4jj+3] the
     // second). Each warpgroup writes its 64 rows in chunks of 128 bytes per row (64 bf16 / 32
-    // f32 columns) into shared memory in the 128-byte swizzle (conflict-free: the 8 rows of a
-    // warp's store land in 8 different 16-byte columns), and one thread stores the chunk with
+    // f32 columns) into shared memory in the 128-byte swizzle (bf16: conflict-free, the 8 rows of
+    // a warp's store land in 8 different 16-byte columns; f32 pairs: at most 2-way), and one
+    // thread stores the chunk with
     // TMA; with two chunk buffers (NVFP4) writing one overlaps the store of the other, and the
     // next tile's mainloop overlaps the last stores.
     constexpr int kChunkCols = kOutF32 ? 32 : 64;
@@ -563,7 +565,6 @@ struct PermJob {
   uint16_t* out;
   int64_t rows, cols;  // B' [rows = C, cols = K]
   DType t;
-  DequantScales layout;
 };
 
 // The NVFP4 alpha' of Nvfp4Alpha into al.out[0] (and beta into al.out[1]).
@@ -724,14 +725,10 @@ __global__ void __launch_bounds__(256) split_reduce_kernel(SplitReduce r) {
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
+int sm_count() {  // of the current device
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  return lowbit::sm_count(dev);
 }
 
 template <FusedKind kKind, bool kOutF32, bool kPlain>
@@ -739,13 +736,8 @@ void launch_fused(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorM
                   const CUtensorMap& om, int grid, cudaStream_t stream) {
   auto* kernel = fused_gemm_kernel<kKind, kOutF32, kPlain>;
   constexpr int smem = smem_bytes<kKind>();
-  static const bool attr_set = [&] {
-    LOWBIT_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)attr_set;
-  const bool split = a.splits > 1;  // the kernel writes partial sums, the reduction the rest
+  allow_dynamic_smem(kernel, smem);  // per device
+  const bool split = a.splits > 1;   // the kernel writes partial sums, the reduction the rest
   const KernelArgs p{a.a_scales,
                      a.R,
                      a.C,
@@ -785,8 +777,6 @@ bool fused_gemm_shape_ok(FusedKind kind, int64_t R, int64_t C, int64_t K) {
          R < (int64_t{1} << 31) && C < (int64_t{1} << 31) && K < (int64_t{1} << 31) &&
          (R / kFusedTileR) * (C / kFusedTileC) < (int64_t{1} << 31);
 }
-
-bool fused_gemm_fills_gpu(int64_t R, int64_t C) { return (R / kBM) * (C / kBN) >= sm_count(); }
 
 void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
   LOWBIT_CHECK(fused_gemm_shape_ok(a.kind, a.R, a.C, a.K),
@@ -838,6 +828,7 @@ int fused_gemm_splits(int64_t R, int64_t C, int64_t K) {
   // Modelled time per split count (µs on an H100: a k-step of one CTA ≈ 0.6, the partial sums
   // written and read at ≈ 2.5 TB/s); the cheapest wins. Whole-GPU problems take 1.
   const int64_t tiles = (R / kBM) * (C / kBN), nk = K / kBK, sms = sm_count();
+  if (tiles >= sms) return 1;
   int best = 1;
   double best_t = 0.0;
   for (int s = 1; s <= 16 && s <= nk; ++s) {
@@ -859,7 +850,7 @@ void dequant_b_permuted(const DequantJob& b, FusedKind kind, const Nvfp4Alpha* a
   LOWBIT_CHECK(nv == (b.layout == DequantScales::kNvfp4),
                "dequant_b_permuted: operand kinds differ (A' {} B' layout {})", int(kind),
                int(b.layout));
-  const PermJob j{b.codes, b.scales, b.out, b.rows, b.cols, b.t, b.layout};
+  const PermJob j{b.codes, b.scales, b.out, b.rows, b.cols, b.t};
   const Nvfp4Alpha al = alpha != nullptr ? *alpha : Nvfp4Alpha{};
   if (b.layout == DequantScales::kMxColumnwise) {
     LOWBIT_CHECK(b.rows % 64 == 0 && b.rows / 64 <= 65535,

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -121,8 +122,8 @@ std::map<PlanKey, Plan>& plan_cache() {
 }
 
 thread_local GemmCudaLastCall g_last_call;
-int g_fused_max_ctas = 0;  // set_gemm_fused_max_ctas (tests): persistent grid cap, 0 = SMs
-int g_fused_splits = 0;    // set_gemm_fused_splits (tests): split-K count, 0 = the model's
+std::atomic<int> g_fused_max_ctas{0};  // set_gemm_fused_max_ctas (tests): grid cap, 0 = SMs
+std::atomic<int> g_fused_splits{0};    // set_gemm_fused_splits (tests): split count, 0 = model
 
 std::string describe(const LtProblem& p) {
   return fmt::format(
@@ -631,7 +632,8 @@ std::optional<gemm_kernels::FusedKind> fused_kind(const CanonGemm& g) {
 // The emulated GEMM through fused_dequant_gemm.cu where it applies (see fused_kind and
 // fused_gemm_shape_ok; out, c and the codes aligned for its stores and TMA): B' is dequantized
 // into the permuted 16-bit copy (with the NVFP4 alpha' in the same launch), then one kernel
-// converts A' in its mainloop and adds beta · c and the bias in its epilogue. False: nothing ran.
+// converts A' in its mainloop and adds beta · c and the bias in its epilogue. False when it does
+// not apply (then nothing ran and the caller takes the unfused path).
 bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
                         const GemmOptions& opt, const void* c_data, int64_t ldd) {
   const FusedDequant mode = gemm_fused_dequant();
@@ -642,8 +644,9 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
   // dequantization + cuBLASLt (bench/results/h100-2026-11-27/fused-gemm-final-0440/): outputs up
   // to 2048 wide (the bf16 copy of A' that the unfused path writes and re-reads costs more than
   // the fused kernel gives up to cuBLASLt), and up to 4096 wide when the contraction is long
-  // (K ≥ 4096) and the tiles fill the GPU (4096³, the 8b wgrads: 0.90–1.00× BF16 against
-  // 0.86–0.94×). Wider outputs, or 3072 wide over K = 768 (124m fc1 fprop, fc2 dgrad: 0.83–0.84
+  // (K ≥ 4096) and the tiles fill the GPU, so that there is no split-K (4096³, the 8b wgrads:
+  // 0.90–1.00× BF16 against 0.86–0.94×; 8b proj fprop / dgrad 0.92 against 0.93, within the
+  // noise). Wider outputs, or 3072 wide over K = 768 (124m fc1 fprop, fc2 dgrad: 0.83–0.84
   // against 0.88–0.91) or with split-K (124m fc2 wgrad: 0.59 against 0.72), stay unfused.
   const bool fills = (g.R / gemm_kernels::kFusedTileR) * (g.C / gemm_kernels::kFusedTileC) >=
                      gemm_kernels::fused_gemm_sm_count();
@@ -670,10 +673,18 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
   const int64_t br = b_data.shape()[0], bc = b_data.shape()[1];
   LOWBIT_CHECK(b_rowwise ? (br == g.C && bc == g.Kc) : (br == g.Kc && bc == g.C),
                "gemm_cuda: copy {} does not match rows {} kc {}", b_data.view().str(), g.C, g.Kc);
+  // A' is K-contiguous (fused_kind) with the compact scale layout the kernel reads: one scale per
+  // 16 (NVFP4) or 32 (MX) elements of a row.
+  LOWBIT_CHECK(a_data.shape()[0] == g.R && a_data.shape()[1] == g.Kc,
+               "gemm_cuda: copy {} does not match rows {} kc {}", a_data.view().str(), g.R, g.Kc);
+  LOWBIT_CHECK(a_scale.numel() == g.R * (g.Kc / (nv ? 16 : 32)),
+               "gemm_cuda: scales {} of {} are not [{}, {}]", a_scale.view().str(),
+               a_data.view().str(), g.R, g.Kc / (nv ? 16 : 32));
 
   cudaStream_t stream = ctx.stream();
-  const int splits = g_fused_splits > 0 ? std::min<int>(g_fused_splits, int(g.Kc / 64))
-                                        : gemm_kernels::fused_gemm_splits(g.R, g.C, g.Kc);
+  const int forced = g_fused_splits.load();
+  const int splits = forced > 0 ? std::min<int>(forced, int(g.Kc / 64))
+                                : gemm_kernels::fused_gemm_splits(g.R, g.C, g.Kc);
   // Workspace: B' permuted (16-bit), the split-K partial sums (f32), alpha'/beta.
   const size_t buf_bytes = align_up(size_t(g.C) * size_t(g.Kc) * 2);
   const size_t part_bytes = splits > 1 ? align_up(size_t(splits) * g.R * g.C * 4) : 0;
@@ -722,7 +733,7 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
     fa.bias = opt.bias->data;
     fa.bias_bf16 = opt.bias->dtype == DType::kBF16;
   }
-  fa.max_ctas = g_fused_max_ctas;
+  fa.max_ctas = g_fused_max_ctas.load();
   fa.splits = splits;
   fa.partial = splits > 1 ? partial : nullptr;
   gemm_kernels::fused_gemm(fa, stream);
@@ -738,8 +749,8 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
 
 }  // namespace
 
-void set_gemm_fused_max_ctas(int n) { g_fused_max_ctas = n; }
-void set_gemm_fused_splits(int n) { g_fused_splits = n; }
+void set_gemm_fused_max_ctas(int n) { g_fused_max_ctas.store(n); }
+void set_gemm_fused_splits(int n) { g_fused_splits.store(n); }
 
 void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const GemmOptions& opt) {
   LOWBIT_CHECK(ctx.on_gpu(), "gemm_cuda on a CPU context");

@@ -54,24 +54,8 @@ __device__ __forceinline__ void l2_prefetch_part(const void* p, int64_t bytes, i
   }
 }
 
-// Opts `kernel` into `bytes` of dynamic shared memory on the current device when that exceeds
-// the 48 KiB default. The attribute is set once per kernel, device and larger size (a
-// cudaFuncSetAttribute costs ~10 µs of host time, which lands between kernels right after a
-// synchronisation).
-template <typename Kernel>
-void allow_dynamic_smem(Kernel* kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, size_t> set;  // (kernel, device) → bytes allowed
-  int device = 0;
-  LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mu);
-  size_t& allowed = set[{reinterpret_cast<const void*>(kernel), device}];
-  if (bytes <= allowed) return;
-  LOWBIT_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  allowed = bytes;
-}
+// allow_dynamic_smem: core/device_attr.h (the gemm layer's kernels use it too).
+using lowbit::allow_dynamic_smem;
 
 // ---- eight consecutive elements <-> fp32 ----------------------------------------------------
 
