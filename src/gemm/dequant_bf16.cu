@@ -9,6 +9,7 @@
 
 #include "core/pdl.cuh"
 #include "gemm/gemm_cuda_kernels.h"
+#include "gemm/nvfp4_alpha.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/formats.h"
 #include "lowbit/quant/rn_ops.h"
@@ -87,21 +88,6 @@ struct Chunks16 {
   DType t = DType::kE2M1;
   DequantScales layout = DequantScales::kNvfp4;
 };
-
-// The NVFP4 alpha' and beta of Nvfp4Alpha (gemm_cuda_kernels.h) into al.out[0], al.out[1].
-__device__ void write_nvfp4_alpha(const Nvfp4Alpha& al) {
-  float a = al.alpha;
-  float inv = 1.0f;
-  if (al.amax_a != nullptr) a = mul_rn(a, *al.amax_a);
-  if (al.amax_b != nullptr) a = mul_rn(a, *al.amax_b);
-  if (al.amax_a != nullptr && al.amax_b != nullptr) {
-    inv = __frcp_rn(7225344.0f);  // RN(1 / (6·6·448·448))
-  } else if (al.amax_a != nullptr || al.amax_b != nullptr) {
-    inv = __frcp_rn(2688.0f);  // RN(1 / (6·448))
-  }
-  al.out[0] = (al.amax_a != nullptr || al.amax_b != nullptr) ? mul_rn(a, inv) : a;
-  al.out[1] = al.beta;
-}
 
 // Chunks first, first + stride, … of job j; lut holds the decoded codes of j.t.
 template <DequantScales kLayout, bool kFp4>

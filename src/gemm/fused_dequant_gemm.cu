@@ -54,6 +54,7 @@
 #include "core/tma.h"
 #include "core/wgmma.cuh"
 #include "gemm/fused_dequant_gemm.h"
+#include "gemm/nvfp4_alpha.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/formats.h"
 #include "lowbit/quant/rn_ops.h"
@@ -111,14 +112,6 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return r;
 }
 
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
-                                            int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-      : "memory");
-}
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
@@ -127,29 +120,8 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// Shared → global tile store through the tensor map (completion tracked by bulk groups).
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
-          reinterpret_cast<uint64_t>(map)),
-      "r"(src), "r"(c0), "r"(c1)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {  // ≤ N groups still reading shared memory
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void bulk_wait_all() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
 // d [64 × 256 f32] (+)= A [64 × 16] (registers, the m16n8k16 A fragment of each warp's 16 rows)
@@ -367,8 +339,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t st = smem0 + s * kStage;
         if (lane == 0) {
           tma::mbar_arrive_expect_tx(full(s), kBBytes + kBM * kRowBytes);
-          tma_load_2d(st, &b_map, full(s), kb * kBK, n0);
-          tma_load_2d(st + kBBytes, &a_map, full(s), kb * kRowBytes, m0);
+          tma::load_2d(st, &b_map, full(s), kb * kBK, n0);
+          tma::load_2d(st + kBBytes, &a_map, full(s), kb * kRowBytes, m0);
         }
         // Scales: 4 bytes per row (NVFP4: the step's 4 scales; MX: those of steps kb & ~1 and
         // kb | 1, so that the copy is 4-byte aligned).
@@ -441,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::commit();
     wgmma::wait<1>();
     keep(af[kBuf ^ 1]);
-    if (!first) mbar_arrive(empty(prev));
+    if (!first) tma::mbar_arrive(empty(prev));
     prev = s;
     if (++s == kStages) {
       s = 0;
@@ -463,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     keep(af[0]);
     keep(af[1]);
     keep(acc);
-    mbar_arrive(empty(prev));
+    tma::mbar_arrive(empty(prev));
 
     // Epilogue: thread (g, c) of warp w holds rows row0, row0 + 8 and, for jj < 32, columns
     // 8·jj + 2c, 8·jj + 2c + 1 (acc[4jj], acc[4jj+1] the first row, acc[4jj+2], acc[4jj+3] the
@@ -481,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int q = 0; q < kBN / kChunkCols; ++q) {
       const uint32_t cb = epi0 + (cw * kBufs + q % kBufs) * kChunkBytes;
-      if (leader) bulk_wait_read<kBufs - 1>();  // the store that last read this buffer is done
+      if (leader) tma::bulk_wait_read<kBufs - 1>();  // the store that last read this buffer is done
       named_sync(1 + cw, 128);
 #pragma unroll
       for (int jl = 0; jl < kChunkCols / 8; ++jl) {
@@ -549,12 +521,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_sync(1 + cw, 128);
       if (leader) {
         // Split s of a split-K GEMM writes rows s·R + … of the partial sums.
-        tma_store_2d(&o_map, cb, n0 + q * kChunkCols, split * int(p.R) + m0 + cw * 64);
-        bulk_commit();
+        tma::store_2d(&o_map, cb, n0 + q * kChunkCols, split * int(p.R) + m0 + cw * 64);
+        tma::bulk_commit();
       }
     }
   }
-  if (threadIdx.x % 128 == 0) bulk_wait_all();  // the last stores have left shared memory
+  if (threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the last stores have left shared memory
 }
 
 // ---- B' dequantization into the permuted k order ---------------------------------------------
@@ -567,25 +539,13 @@ struct PermJob {
   DType t;
 };
 
-// The NVFP4 alpha' of Nvfp4Alpha into al.out[0] (and beta into al.out[1]).
-__device__ void write_alpha(const Nvfp4Alpha& al) {
-  float a = al.alpha;
-  if (al.amax_a != nullptr) a = mul_rn(a, *al.amax_a);
-  if (al.amax_b != nullptr) a = mul_rn(a, *al.amax_b);
-  const int n = (al.amax_a != nullptr) + (al.amax_b != nullptr);
-  if (n == 2) a = mul_rn(a, __frcp_rn(7225344.0f));  // RN(1 / (6·6·448·448))
-  if (n == 1) a = mul_rn(a, __frcp_rn(2688.0f));     // RN(1 / (6·448))
-  al.out[0] = a;
-  al.out[1] = al.beta;
-}
-
 // K-contiguous copies (NVFP4, MX rowwise): one thread per 16 consecutive k of a row (k = 64·kb +
 // 16·c4 + i, consecutive threads along the row: coalesced code loads), 16 values written as
 // eight 4-byte pairs at their permuted positions.
 template <bool kF16>
 __global__ void __launch_bounds__(256) dequant_perm_kernel(PermJob j, Nvfp4Alpha al) {
   pdl::grid_sync();
-  if (al.out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) write_alpha(al);
+  if (al.out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) write_nvfp4_alpha(al);
   __shared__ float lut[256];
   for (int i = threadIdx.x; i < 256; i += blockDim.x) {
     lut[i] = kF16 ? (i < 16 ? decode(DType::kE2M1, uint32_t(i)) : 0.0f) : decode(j.t, uint32_t(i));
@@ -635,7 +595,8 @@ __global__ void __launch_bounds__(256) dequant_perm_kernel(PermJob j, Nvfp4Alpha
 // from shared memory in 16-byte stores.
 __global__ void __launch_bounds__(256) dequant_perm_colwise_kernel(PermJob j, Nvfp4Alpha al) {
   pdl::grid_sync();
-  if (al.out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) write_alpha(al);
+  if (al.out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+    write_nvfp4_alpha(al);
   __shared__ float lut[256];
   __shared__ __align__(16) uint8_t codes[64][64];  // [k][row]
   __shared__ __align__(16) uint16_t out[64][64];   // [row][permuted k]
