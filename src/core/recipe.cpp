@@ -73,8 +73,8 @@ bool is_microscaled(Recipe r) { return r == Recipe::kMXFP8 || r == Recipe::kNVFP
 
 RecipeSupport mx_emulated_before_sm100() {
   return emulated(
-      "no MX/NVFP4 tensor cores before sm_100: exact emulation via BF16 GEMM on dequantized "
-      "operands");
+      "no MX/NVFP4 tensor cores before sm_100: exact emulation on 16-bit tensor cores "
+      "(operands dequantized exactly, inside a fused GEMM where faster)");
 }
 
 // Blackwell: every recipe has a tensor-core path; `suffix` says how sure we are of it.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gemm/gemm_internal.h"
+#include "lowbit/core/error.h"
 #include "lowbit/core/sysinfo.h"
 #include "lowbit/gemm.h"
 
@@ -308,11 +309,23 @@ CanonGemm canonicalize(const Context& ctx, const GemmOperand& a, const GemmOpera
   return g;
 }
 
-bool gemm_autotune_from_env(const char* value) {
-  if (value == nullptr) return true;
+namespace {
+// A switch's value, lower-cased: 1 (on, true, yes, 1), 0 (off, false, no, 0), -1 (unset or
+// empty), or a UserError naming the variable and what it takes.
+int parse_switch(const char* var, const char* value, const char* also = nullptr) {
+  if (value == nullptr || *value == '\0') return -1;
   std::string v(value);
   for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return !(v == "0" || v == "off" || v == "false" || v == "no");
+  if (v == "1" || v == "on" || v == "true" || v == "yes") return 1;
+  if (v == "0" || v == "off" || v == "false" || v == "no") return 0;
+  if (also != nullptr && v == also) return 2;
+  throw UserError(fmt::format("{}={}: expected on / off (1 / 0, true / false, yes / no){}", var,
+                              value, also != nullptr ? fmt::format(" or {}", also) : ""));
+}
+}  // namespace
+
+bool gemm_autotune_from_env(const char* value) {
+  return parse_switch("LOWBIT_GEMM_AUTOTUNE", value) != 0;
 }
 
 namespace {
@@ -339,11 +352,11 @@ std::atomic<int> g_fused{-1};
 }  // namespace
 
 FusedDequant gemm_fused_from_env(const char* value) {
-  if (value == nullptr) return FusedDequant::kAuto;
-  std::string v(value);
-  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (v == "auto" || v.empty()) return FusedDequant::kAuto;
-  return gemm_autotune_from_env(value) ? FusedDequant::kOn : FusedDequant::kOff;
+  switch (parse_switch("LOWBIT_GEMM_FUSED", value, "auto")) {
+    case 0: return FusedDequant::kOff;
+    case 1: return FusedDequant::kOn;
+    default: return FusedDequant::kAuto;  // unset, empty or auto
+  }
 }
 
 void set_gemm_fused_dequant(FusedDequant mode) { g_fused.store(static_cast<int>(mode)); }

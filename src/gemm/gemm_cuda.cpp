@@ -648,12 +648,21 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
   // 0.90–1.00× BF16 against 0.86–0.94×; 8b proj fprop / dgrad 0.92 against 0.93, within the
   // noise). Wider outputs, or 3072 wide over K = 768 (124m fc1 fprop, fc2 dgrad: 0.83–0.84
   // against 0.88–0.91) or with split-K (124m fc2 wgrad: 0.59 against 0.72), stay unfused.
+  //
+  // MX pairs (bench/results/h100-2026-11-27/mx-fused-rule-0756/): fused where the output is at
+  // most 2048 wide and the contraction longer than the output is wide (124m qkv / fc1 / head
+  // dgrad, fc2 fprop: 0.77–0.90× BF16 against 0.62–0.69× unfused; 1b alike, +0.02–0.11), or as
+  // long with B' a rowwise copy (124m proj fprop 0.74 against 0.69; its dgrad, whose MX
+  // columnwise B' takes the transposing dequantization, 0.62 against 0.69 stays unfused).
+  // Wider outputs over shorter contractions run faster unfused (124m qkv / fc1 / head fprop
+  // 0.72–0.74 against 0.85–0.98).
+  const bool nv = *kind == gemm_kernels::FusedKind::kNvfp4;
+  const bool b_rowwise = g.b.usage == Usage::kRowwise || nv;  // NVFP4 copies are K-contiguous
   const bool fills = (g.R / gemm_kernels::kFusedTileR) * (g.C / gemm_kernels::kFusedTileC) >=
                      gemm_kernels::fused_gemm_sm_count();
-  const bool worth = g.C <= 2048 || (g.C <= 4096 && g.Kc >= 4096 && fills);
-  if (mode == FusedDequant::kAuto && (*kind != gemm_kernels::FusedKind::kNvfp4 || !worth)) {
-    return false;
-  }
+  const bool worth = nv ? g.C <= 2048 || (g.C <= 4096 && g.Kc >= 4096 && fills)
+                        : g.C <= 2048 && (g.Kc > g.C || (g.Kc == g.C && b_rowwise));
+  if (mode == FusedDequant::kAuto && !worth) return false;
   const Tensor& a_data = copy_data(g.a);
   const Tensor& a_scale = copy_scale(g.a);
   const Tensor& b_data = copy_data(g.b);
@@ -668,8 +677,6 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
       !aligned(a_data.data(), 16) || !aligned(a_scale.data(), 4) || !aligned(b_data.data(), 16)) {
     return false;
   }
-  const bool nv = *kind == gemm_kernels::FusedKind::kNvfp4;
-  const bool b_rowwise = g.b.usage == Usage::kRowwise || nv;  // NVFP4 copies are K-contiguous
   const int64_t br = b_data.shape()[0], bc = b_data.shape()[1];
   LOWBIT_CHECK(b_rowwise ? (br == g.C && bc == g.Kc) : (br == g.Kc && bc == g.C),
                "gemm_cuda: copy {} does not match rows {} kc {}", b_data.view().str(), g.C, g.Kc);

@@ -60,22 +60,22 @@ struct GemmCudaLastCall {
 };
 GemmCudaLastCall gemm_cuda_last_call();
 
-// The autotuning default that an LOWBIT_GEMM_AUTOTUNE value gives: false for "0", "off",
-// "false" and "no" (any case), true otherwise (unset included).
+// The autotuning default that an LOWBIT_GEMM_AUTOTUNE value gives: true when unset or empty,
+// else on / off as 1 / 0, true / false, yes / no (any case); any other value is a UserError.
 bool gemm_autotune_from_env(const char* value);
 
 // When the emulated MX / NVFP4 path runs the fused-dequantization kernel (fused_dequant_gemm.cu)
 // instead of dequantization + cuBLASLt. It can run an FP8 (MX) or NVFP4 pair with A'
 // K-contiguous, R % 128, C % 256 and K % 64 (MX: 128), with split-K where the tiles are fewer
-// than the SMs. kAuto (the default) takes it for NVFP4 pairs where it measured faster (C ≤ 2048,
-// or C ≤ 4096 with K ≥ 4096 and a full GPU of tiles; see try_fused_emulated:
-// bench/results/h100-2026-11-27/fused-gemm-*/); kOn wherever it can run (tests, A/B timing); kOff
-// never. LOWBIT_GEMM_FUSED=0 / off, 1 / on, auto; set_gemm_fused_dequant()
-// overrides the environment for the whole process.
+// than the SMs. kAuto (the default) takes it where it measured faster (NVFP4: C ≤ 2048, or
+// C ≤ 4096 with K ≥ 4096 and a full GPU of tiles; MX: C ≤ 2048 with K > C, or K == C with B'
+// rowwise; see try_fused_emulated and bench/results/h100-2026-11-27/); kOn wherever it can run
+// (tests, A/B timing); kOff never. LOWBIT_GEMM_FUSED=0 / off, 1 / on, auto;
+// set_gemm_fused_dequant() overrides the environment for the whole process.
 enum class FusedDequant : uint8_t { kOff, kAuto, kOn };
 void set_gemm_fused_dequant(FusedDequant mode);
-// The mode an LOWBIT_GEMM_FUSED value gives: kAuto when unset, empty or "auto" (any case); kOff
-// for the values gemm_autotune_from_env reads as off; kOn otherwise.
+// The mode an LOWBIT_GEMM_FUSED value gives: kAuto when unset, empty or "auto", else kOn / kOff
+// as LOWBIT_GEMM_AUTOTUNE reads on / off (any case); any other value is a UserError.
 FusedDequant gemm_fused_from_env(const char* value);
 FusedDequant gemm_fused_dequant();
 // Caps the fused kernel's persistent grid at n CTAs (0: one per SM), so that tests reach several

@@ -13,6 +13,7 @@
 
 #include "lowbit/core/error.h"
 #include "lowbit/data/corpus.h"
+#include "user_error.h"
 
 namespace lowbit::data::testing {
 
@@ -58,16 +59,6 @@ inline std::string random_bytes(std::mt19937_64& rng, size_t n) {
   return s;
 }
 
-// The message of the UserError that f() throws; "" (and a test failure) when it throws none.
-template <class F>
-std::string user_error(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UserError";
-  return "";
-}
+using lowbit::test_util::user_error;
 
 }  // namespace lowbit::data::testing

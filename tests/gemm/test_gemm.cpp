@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gemm/gemm_test_util.h"
+#include "user_error.h"
 
 namespace lowbit {
 namespace {
@@ -408,14 +409,21 @@ TEST(GemmPolicy, NamesAndCpuBackend) {
 }
 
 // LOWBIT_GEMM_AUTOTUNE: "0", "off", "false", "no" (any case) turn algorithm selection by
-// timing off; anything else, or no variable, leaves it on. The setter overrides it.
+// timing off, "1", "on", "true", "yes" or no variable leave it on, anything else is an error
+// that names the variable and its values. The setter overrides it.
 TEST(GemmPolicy, AutotuneSetting) {
   EXPECT_TRUE(gemm_autotune_from_env(nullptr));
   EXPECT_TRUE(gemm_autotune_from_env(""));
   EXPECT_TRUE(gemm_autotune_from_env("1"));
   EXPECT_TRUE(gemm_autotune_from_env("on"));
+  EXPECT_TRUE(gemm_autotune_from_env("TRUE"));
   for (const char* v : {"0", "off", "OFF", "false", "False", "no"}) {
     EXPECT_FALSE(gemm_autotune_from_env(v)) << v;
+  }
+  for (const char* v : {"of", "2", "auto", " on"}) {
+    const std::string why = lowbit::test_util::user_error([&] { gemm_autotune_from_env(v); });
+    EXPECT_NE(why.find("LOWBIT_GEMM_AUTOTUNE"), std::string::npos) << why;
+    EXPECT_NE(why.find("on / off"), std::string::npos) << why;
   }
   const bool before = gemm_autotune();
   set_gemm_autotune(!before);
@@ -424,8 +432,8 @@ TEST(GemmPolicy, AutotuneSetting) {
   EXPECT_EQ(gemm_autotune(), before);
 }
 
-// LOWBIT_GEMM_FUSED: unset, empty or "auto" → kAuto; the off words → kOff; anything else → kOn.
-// The setter overrides it.
+// LOWBIT_GEMM_FUSED: unset, empty or "auto" → kAuto; the on / off words → kOn / kOff; anything
+// else (a typo) is an error naming the values. The setter overrides it.
 TEST(GemmPolicy, FusedDequantSetting) {
   EXPECT_EQ(gemm_fused_from_env(nullptr), FusedDequant::kAuto);
   EXPECT_EQ(gemm_fused_from_env(""), FusedDequant::kAuto);
@@ -434,6 +442,11 @@ TEST(GemmPolicy, FusedDequantSetting) {
     EXPECT_EQ(gemm_fused_from_env(v), FusedDequant::kOn) << v;
   for (const char* v : {"0", "off", "No"})
     EXPECT_EQ(gemm_fused_from_env(v), FusedDequant::kOff) << v;
+  for (const char* v : {"atuo", "fused", "2"}) {
+    const std::string why = lowbit::test_util::user_error([&] { gemm_fused_from_env(v); });
+    EXPECT_NE(why.find("LOWBIT_GEMM_FUSED"), std::string::npos) << why;
+    EXPECT_NE(why.find("auto"), std::string::npos) << why;
+  }
   const FusedDequant before = gemm_fused_dequant();
   set_gemm_fused_dequant(FusedDequant::kOff);
   EXPECT_EQ(gemm_fused_dequant(), FusedDequant::kOff);

@@ -1132,15 +1132,69 @@ TEST_F(GpuGemm, FusedDequantGemmMatchesFloat64Reference) {
     }
   }
   // The default (kAuto) takes NVFP4 with outputs up to 2048 wide (wider ones only with a long
-  // contraction and a full GPU of tiles) and leaves MX to the unfused path.
+  // contraction and a full GPU of tiles), and MX with outputs up to 2048 wide over a longer
+  // contraction (as long: B' rowwise, so fprop and not dgrad).
   FusedScope automatic(FusedDequant::kAuto);
   for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
     const Recipe rc = recipe_named(name);
+    const bool nv = rc.name == "nvfp4";
     for (int64_t n : {512, 4352}) {
       const Problem p = make_problem(ctx, rc, 256, n, 256, Fill::kNormal, 5);
       check_role(ctx, rc, p.x, p.w, p.dy, 256, n, 256, GemmRole::kFprop, RunSpec{}, "auto");
-      EXPECT_EQ(g_checked_call.fused_dequant, rc.name == "nvfp4" && n <= 2048) << name << " " << n;
+      EXPECT_EQ(g_checked_call.fused_dequant, nv && n <= 2048) << name << " " << n;
     }
+    // fprop: R 256, C 512, Kc 1024 / 512; dgrad: R 256, C 1024 / 512, Kc 512.
+    for (int64_t k : {1024, 512}) {
+      const Problem p = make_problem(ctx, rc, 256, 512, k, Fill::kNormal, 6);
+      check_role(ctx, rc, p.x, p.w, p.dy, 256, 512, k, GemmRole::kFprop, RunSpec{}, "auto");
+      EXPECT_TRUE(g_checked_call.fused_dequant) << name << " fprop k " << k;
+      check_role(ctx, rc, p.x, p.w, p.dy, 256, 512, k, GemmRole::kDgrad, RunSpec{}, "auto");
+      EXPECT_EQ(g_checked_call.fused_dequant, nv) << name << " dgrad k " << k;
+    }
+  }
+}
+
+// The default rule's second branch (try_fused_emulated): NVFP4 outputs 2049–4096 wide take the
+// fused kernel only with K >= 4096 and at least one tile per SM (no split-K); the values do not
+// matter here (the tests above check the numbers), only which path ran.
+TEST_F(GpuGemm, FusedDequantAutoRuleForWideOutputs) {
+  if (!emulated_on_this_gpu()) GTEST_SKIP() << "sm_100+: MX / NVFP4 are not emulated";
+  Context ctx(Device::cuda(0));
+  FusedScope automatic(FusedDequant::kAuto);
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  const int64_t fill_rows = 128 * ((sms + 15) / 16);  // 16 column tiles of 256 per row tile
+  const auto make = [&](int64_t rows, int64_t cols, const QuantConfig& cfg) {
+    Tensor h = Tensor::empty({rows, cols}, DType::kBF16, Device::cpu());
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      h.ptr<uint16_t>()[i] = f32_to_bf16_rn(float(int(i % 61) - 30) / 16.0f);
+    }
+    const Tensor d = Tensor::copy_of(h.view(), Device::cuda(0));
+    QuantizedTensor q;
+    quantize(ctx, d.view(), cfg, q);
+    ctx.synchronize();  // before d is freed
+    return q;
+  };
+  struct Case {
+    int64_t m, n, k;
+    bool fused;
+  };
+  const std::vector<Case> cases = {{fill_rows, 4096, 4096, true},
+                                   {fill_rows, 4096, 2048, false},  // short contraction
+                                   {128, 4096, 4096, false},        // too few tiles: split-K
+                                   {fill_rows, 4352, 4096, false},  // wider than 4096
+                                   {fill_rows, 2048, 1024, true}};  // first branch: C <= 2048
+  for (const Case& cs : cases) {
+    const QuantizedTensor x = make(cs.m, cs.k, QuantConfig::nvfp4_activation());
+    const QuantizedTensor w = make(cs.n, cs.k, QuantConfig::nvfp4_weight());
+    Tensor out = Tensor::empty({cs.m, cs.n}, DType::kBF16, Device::cuda(0));
+    GemmOptions opt;
+    opt.role = GemmRole::kFprop;
+    gemm(ctx, GemmOperand::of(x), GemmOperand::of(w), out.view(), opt);
+    ctx.synchronize();
+    EXPECT_EQ(gemm_cuda_last_call().fused_dequant, cs.fused)
+        << cs.m << "x" << cs.n << "x" << cs.k << " on " << sms << " SMs";
   }
 }
 

@@ -17,6 +17,7 @@
 #include "lowbit/formats.h"
 #include "lowbit/model.h"
 #include "lowbit/train/checkpoint.h"
+#include "user_error.h"
 
 namespace lowbit {
 namespace {
@@ -90,17 +91,7 @@ uint16_t f16_bits_of_exact(float v) {
   return static_cast<uint16_t>(sign | (exp << 10) | ((u & 0x7FFFFFu) >> 13));
 }
 
-// The UserError message of `fn`, or a test failure.
-template <typename Fn>
-std::string user_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UserError";
-  return "";
-}
+using lowbit::test_util::user_error;
 
 #define EXPECT_HAS(msg, part) \
   EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)

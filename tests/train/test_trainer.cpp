@@ -111,9 +111,11 @@ TEST_P(TrainEveryRecipe, LossFallsOnTheBundledCorpus) {
   const std::vector<double> l = losses(o.out_dir + "/metrics.jsonl");
   ASSERT_EQ(l.size(), size_t(o.total_steps));
   const double first = (l[0] + l[1] + l[2]) / 3, last = (l[21] + l[22] + l[23]) / 3;
-  // From ≈ ln(1024) = 6.9 at init; a working recipe loses well over a nat in 24 steps.
+  // From ≈ ln(1024) = 6.9 at init; every working recipe loses about a nat in 24 steps (measured
+  // 0.98–1.02, BF16 1.01, the spread from OpenBLAS's thread count and kernels): 0.9 leaves room
+  // for that spread and still fails a recipe that learns markedly slower than BF16.
   EXPECT_GT(first, 6.0) << recipe_name(GetParam());
-  EXPECT_LT(last, first - 1.0) << recipe_name(GetParam());
+  EXPECT_LT(last, first - 0.9) << recipe_name(GetParam());
   // Steps 12 and 24 log saturation/underflow counts of every quantized operand.
   std::ifstream in(o.out_dir + "/metrics.jsonl");
   std::string line;
