@@ -11,10 +11,11 @@
 //  * nvfp4_kernel (v8, v9): the generic tile kernel, 64×64 fp32 tiles in shared memory; every
 //    shape, fp32 sources, 16×16 blocks off full bf16 tiles or with stochastic rounding.
 //  * nvfp4_amax_v9_kernel: the amax pass for bf16 sources, no shared memory.
-//  * nvfp4_quant_v10_kernel: the 1×16 quantize pass for bf16 full 128×64 tiles.
-//  * nvfp4_quant_v11_kernel (default): the same tiles with a persistent grid that prefetches the
-//    next tile, the block multipliers from a table, and the E2M1 encoders of e2m1_fast.h;
-//    since v13 also 16×16 blocks (weights) without stochastic rounding (kTwoD).
+//  * nvfp4_quant_v11_kernel (default): the 1×16 quantize pass for bf16 full 128×64 tiles, with a
+//    persistent grid that prefetches the next tile, the block multipliers from a table, and the
+//    E2M1 encoders of e2m1_fast.h; since v13 also 16×16 blocks (weights) without stochastic
+//    rounding (kTwoD). (v10, the same tiles one per block with the generic encoders, is gone:
+//    LOWBIT_QUANT_KERNELS=v10 runs v9's kernels for NVFP4.)
 #include <type_traits>
 
 #include "core/device_attr.h"
@@ -323,9 +324,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// ---- NVFP4 quantize pass, v10: 1×16 blocks, bf16 source, full 128×64 tiles ----------------------
+// ---- NVFP4 quantize pass: 1×16 blocks, bf16 source, full 128×64 tiles
+// -----------------------------
 //
-// Thread block: a 128 (M) × 64 (K) tile, 256 threads.
+// The tile and its thread tasks (nvfp4_quant_v11_kernel, below, adds persistence, prefetch and
+// faster encoders to this layout). Thread block: a 128 (M) × 64 (K) tile, 256 threads.
 //  * Loads: thread t owns the rowwise blocks (row t/4 + 64j, K-block t%4), j = 0, 1: two
 //    16-byte loads each, all four in flight before any use. The rowwise copy is quantized
 //    straight from these registers and stored as 8 bytes per block (4 lanes write a row's 32
@@ -338,23 +341,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 //    quantizes both 16-element chunks, and stages the two packed code words (one STS.128) and
 //    scales; then thread (k = t/4, q = t%4) writes 16 bytes of transposed row k (4 lanes: 64
 //    contiguous bytes) and two scale bytes.
-//  * RN elements by e2m1_rn_fast (one fp32 add instead of seven compares); the RHT rounding by
-//    cvt.rn.bf16x2, two columns per instruction, with the "+0 for a zero result" of the
-//    definition folded into the scaling as RN(y · m + 0) (equal to RN(y · m) except that a zero
-//    product is +0, and a zero y gives a zero product: m is finite and positive).
+//  * The RHT rounding by cvt.rn.bf16x2, two columns per instruction, with the "+0 for a zero
+//    result" of the definition folded into the scaling as RN(y · m + 0) (equal to RN(y · m)
+//    except that a zero product is +0, and a zero y gives a zero product: m is finite and
+//    positive).
 // Every value is computed by the same operations as in nvfp4_kernel (v9), element by element,
 // and the stochastic-rounding streams use the same indices (quantize_block).
-constexpr int kV10M = 128;  // tile rows (M)
-constexpr int kV10K = 64;   // tile columns (K): 8 granules of 8 bf16
-
-struct Nvfp4V10Smem {
-  uint4 tile[kV10M][kV10K / 8];        // bf16 granules, swizzled: [r][g ^ (r & 1)]
-  uint64_t cp[kV10M / 16][kV10K];      // packed column codes [mb][k ^ 4·(mb / 2)]
-  uint16_t cs[kV10M / 16][kV10K / 2];  // column scales [mb][k / 2], two per word (k even low)
-  Nvfp4GlobalScale g[2];
-};
-
-// Transposed row k = t / 4 of a 128×64 tile's columnwise copy (v10 and v11 stage it alike):
+// Transposed row k = t / 4 of a 128×64 tile's columnwise copy:
 // 64 bytes of codes for M-blocks 0..7, from the swizzled cp, and 8 scale bytes, from cs; thread
 // t writes M-blocks 2q and 2q + 1 (q = t % 4).
 template <typename Smem>
@@ -376,141 +369,33 @@ __device__ __forceinline__ void store_col_tile_row(const Smem& s, const Nvfp4Arg
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
 
-// Preconditions (checked by the launcher): !two_d, M % 128 == 0, K % 64 == 0, x 16-byte aligned;
-// rowwise and columnwise outputs as in nvfp4_kernel.
-template <bool kSR>
-__global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
-    nvfp4_quant_v10_kernel(const uint16_t* __restrict__ x, Nvfp4Args a) {
-  __shared__ Nvfp4V10Smem s;
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int64_t m0 = int64_t(blockIdx.x) * kV10M, k0 = int64_t(blockIdx.y) * kV10K;
-  const int rb = t & 3;  // rowwise K-block of this thread
-  uint4 raw[2][2];       // [j][half]: row t/4 + 64j, granules 2·rb + half
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const uint16_t* p = x + (m0 + (t >> 2) + 64 * j) * a.K + k0 + 16 * rb;
-    raw[j][0] = *reinterpret_cast<const uint4*>(p);
-    raw[j][1] = *reinterpret_cast<const uint4*>(p + 8);
-  }
-  if (t == 0) {
-    s.g[0] = nvfp4_global_scale(*a.amax_row);
-    if (a.columnwise) s.g[1] = nvfp4_global_scale(*a.amax_col);
-  }
-  if (a.columnwise) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int r = (t >> 2) + 64 * j;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) s.tile[r][(2 * rb + h) ^ (r & 1)] = raw[j][h];
-    }
-  }
-  __syncthreads();
-
-  if (a.rowwise) {
-    const Nvfp4GlobalScale g = s.g[0];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int64_t m = m0 + (t >> 2) + 64 * j;
-      const uint32_t w[8] = {raw[j][0].x, raw[j][0].y, raw[j][0].z, raw[j][0].w,
-                             raw[j][1].x, raw[j][1].y, raw[j][1].z, raw[j][1].w};
-      float v[16];
-      float am = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        v[2 * i] = bf16_lo(w[i]);
-        v[2 * i + 1] = bf16_hi(w[i]);
-        am = amax_combine(am, v[2 * i]);
-        am = amax_combine(am, v[2 * i + 1]);
-      }
-      const uint8_t sd = block_scale_fast(am, g.k);
-      const float mult = nvfp4_block_multiplier(sd, g.s_dec);
-      const int64_t idx0 = m * a.K + k0 + 16 * rb;
-      const uint64_t packed = nvfp4_codes16<kSR, false>(v, mult, a.row_key, idx0);
-      *reinterpret_cast<uint64_t*>(a.q + idx0 / 2) = packed;
-      a.q_scale[m * (a.K / 16) + k0 / 16 + rb] = sd;
-    }
-  }
-
-  if (a.columnwise) {
-    const Nvfp4GlobalScale g = s.g[1];
-    const int p = lane, mb = warp;  // columns 2p, 2p + 1; rows 16·mb .. +16
-    float va[16], vb[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int r = mb * 16 + i;
-      const uint32_t w = reinterpret_cast<const uint32_t*>(&s.tile[r][(p >> 2) ^ (r & 1)])[p & 3];
-      va[i] = bf16_lo(w);
-      vb[i] = bf16_hi(w);
-    }
-    uint64_t ca, cb;
-    uint8_t sda, sdb;
-    if (a.rht) {
-      rht16_butterfly_f32(va);
-      rht16_butterfly_f32(vb);
-      float ama = 0.0f, amb = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        uint32_t pair;  // vb[i] in the high half, va[i] in the low half, each RN to bf16
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(vb[i]), "f"(va[i]));
-        va[i] = bf16_lo(pair);
-        vb[i] = bf16_hi(pair);
-        ama = amax_combine(ama, va[i]);
-        amb = amax_combine(amb, vb[i]);
-      }
-      sda = block_scale_fast(ama, g.k);
-      sdb = block_scale_fast(amb, g.k);
-      const int64_t idx_a = (k0 + 2 * p) * a.M + m0 + 16 * mb;
-      ca = nvfp4_codes16<kSR, true>(va, nvfp4_block_multiplier(sda, g.s_dec), a.col_key, idx_a);
-      cb = nvfp4_codes16<kSR, true>(vb, nvfp4_block_multiplier(sdb, g.s_dec), a.col_key,
-                                    idx_a + a.M);
-    } else {
-      float ama = 0.0f, amb = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        ama = amax_combine(ama, va[i]);
-        amb = amax_combine(amb, vb[i]);
-      }
-      sda = block_scale_fast(ama, g.k);
-      sdb = block_scale_fast(amb, g.k);
-      const int64_t idx_a = (k0 + 2 * p) * a.M + m0 + 16 * mb;
-      ca = nvfp4_codes16<kSR, false>(va, nvfp4_block_multiplier(sda, g.s_dec), a.col_key, idx_a);
-      cb = nvfp4_codes16<kSR, false>(vb, nvfp4_block_multiplier(sdb, g.s_dec), a.col_key,
-                                     idx_a + a.M);
-    }
-    const int ks = (2 * p) ^ ((mb >> 1) << 2);  // even: bit 0 is never swizzled
-    *reinterpret_cast<ulonglong2*>(&s.cp[mb][ks]) = make_ulonglong2(ca, cb);
-    s.cs[mb][p] = uint16_t(sda | (uint32_t(sdb) << 8));
-    __syncthreads();
-    store_col_tile_row(s, a, m0, k0, t);
-  }
-}
-
 // ---- NVFP4 quantize pass, v11 (default): 1×16 (and, v13, 16×16) blocks, bf16, full 128×64 tiles
 //
-// v10's tile, thread tasks and staging layout (see above), with the work per element cut down
-// and the loads kept in flight:
+// The tile, thread tasks and staging layout above, with the work per element cut down against
+// the first kernel of that layout (v10: one tile per block, since removed) and the loads kept in
+// flight:
 //  * Persistent grid: a block walks the tiles b, b + gridDim.x, ... (M fastest, as every grid
 //    here, for the locality of the transposed writes; in groups of M-tiles from 64 M elements
 //    without SR, see the kernel) and issues the four 16-byte loads of its
 //    next tile before it quantizes the current one, so a tile's 16 KB are in flight while the
-//    previous one is computed (v10: load, wait, compute, exit; nothing in flight while a block
-//    computes, which is most of its life).
+//    previous one is computed (one tile per block: load, wait, compute, exit; nothing in flight
+//    while a block computes, which is most of its life).
 //  * Block multipliers from a table: m = nvfp4_block_multiplier(sd, s_dec) depends only on the
 //    7-bit scale code and the copy's s_dec, so a block computes the 2 × 128 values once into
 //    shared memory; a 1×16 block then costs one LDS instead of a decode and an RN reciprocal.
 //  * Codes by e2m1_fast.h: round to nearest in 4 fp32 instructions per code (3 where no block of
 //    the warp needs the clamp; the trim below), stochastic rounding
-//    from integer operations on the product's bits (v10: e2m1_rn_fast, ~13, and the generic
+//    from integer operations on the product's bits (before: e2m1_rn_fast, ~13, and the generic
 //    codec for SR), nibbles summed in place and the 8 sign bits of a word gathered by byte
 //    permutes. The encoders are exact for every input but NaN, so:
 //  * Block amaxes on packed bf16 pairs, NaN propagating: max.NaN.xorsign.abs.bf16x2 takes
 //    max |.| of two pairs per instruction (rowwise: the loaded words; columnwise: the words of
 //    cvt.rn.bf16x2, both chunks at once). A block whose amax comes out NaN holds a NaN; it takes
-//    v10's path (amax_combine, which skips NaN, and the codec, which writes NaN as +6).
+//    the generic path (amax_combine, which skips NaN, and the codec, which writes NaN as +6).
 //  * RHT stage 1 fused with the ±1/4 step (rht16_butterfly_f32_fused, the same values).
 // Per source element (both copies, RHT on) that was ~37 instructions (28 after the trim below)
-// against v10's 45-50;
-// every value is the same operation on the same operands as in v10, the Philox indices included.
+// against the one-tile kernel's 45-50; every value is the same operation on the same operands as
+// in nvfp4_kernel (v9), the Philox indices included.
 //
 // Instruction trim of the round-to-nearest path (same codes, scales and indices; SASS of one loop
 // iteration of the hot path, 32 source elements per thread, RHT on, no NaN: 1198 → 897; 961
@@ -525,8 +410,8 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
 //  * Loop: the tile coordinates and offsets advance by additions (no 64-bit division per tile),
 //    the next tile's registers go to shared memory at the end of the iteration and the rowwise
 //    blocks read the thread's own granules back (4 LDS.128 instead of 16 register moves).
-constexpr int kV11M = kV10M;  // tile rows (M)
-constexpr int kV11K = kV10K;  // tile columns (K)
+constexpr int kV11M = 128;  // tile rows (M)
+constexpr int kV11K = 64;   // tile columns (K): 8 granules of 8 bf16
 
 struct Nvfp4V11Smem {
   uint4 tile[kV11M][kV11K / 8];        // bf16 granules, swizzled: [r][g ^ (r & 1)]
@@ -542,10 +427,10 @@ __device__ __forceinline__ uint32_t block_scale_pair(float amax_lo, float amax_h
                    fmin_num(mul_rn(amax_hi, k), f32_max_finite()), false);
 }
 
-// 16 values (no NaN) → 16 packed E2M1 codes of RN(v·mult) (kZeroFix: RN(v·mult + 0), see v10),
-// or with stochastic rounding by the Philox stream at indices idx0 + i (idx0 % 16 == 0: one
-// Philox block for the sixteen codes, a byte each, as quantize_block and sr_bits). kBelow7 (round
-// to nearest only): every |RN(v·mult)| is below 7, so the encoder needs no clamp
+// 16 values (no NaN) → 16 packed E2M1 codes of RN(v·mult) (kZeroFix: RN(v·mult + 0), see the tile
+// comment), or with stochastic rounding by the Philox stream at indices idx0 + i (idx0 % 16 == 0:
+// one Philox block for the sixteen codes, a byte each, as quantize_block and sr_bits). kBelow7
+// (round to nearest only): every |RN(v·mult)| is below 7, so the encoder needs no clamp
 // (e2m1_rn_mag2_biased_below7).
 template <bool kSR, bool kZeroFix, bool kBelow7 = false>
 __device__ __forceinline__ uint64_t nvfp4_codes16_fast(const float (&v)[16], float mult, RngKey key,
@@ -583,7 +468,7 @@ __device__ __forceinline__ void unpack16(const uint32_t (&w)[8], float (&v)[16])
 }
 
 // Rowwise block (16 values in w) with scale code sd: packed codes, fast unless the block holds
-// NaN (then v10's codec path). kBelow7 as in nvfp4_codes16_fast.
+// NaN (then the generic codec path). kBelow7 as in nvfp4_codes16_fast.
 template <bool kSR, bool kBelow7 = false>
 __device__ __forceinline__ uint64_t nvfp4_row_codes_v11(const uint32_t (&w)[8], bool has_nan,
                                                         float mult, RngKey key, int64_t idx0) {
@@ -864,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 3)
         rht16_butterfly_f32_fused(va);
         rht16_butterfly_f32_fused(vb);
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {  // RN to bf16, both chunks per instruction (v10)
+        for (int i = 0; i < 16; ++i) {  // RN to bf16, both chunks per instruction
           asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(vb[i]), "f"(va[i]));
         }
       }
@@ -999,18 +884,16 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
                              : nvfp4_kernel<T, Pass::kQuantize, false, true>)
                        : (sr ? nvfp4_kernel<T, Pass::kQuantize, true, false>
                              : nvfp4_kernel<T, Pass::kQuantize, false, false>);
-  // v11 (default) and v10: bf16, 1×16 blocks, full 128×64 tiles, 16-byte aligned source
-  // (LOWBIT_QUANT_KERNELS=v10 keeps v10); v9/v8 for every other case and under
-  // LOWBIT_QUANT_KERNELS=v9 / v8.
+  // v11 (default): bf16, 1×16 blocks, full 128×64 tiles, 16-byte aligned source; v9/v8 for
+  // every other case and under LOWBIT_QUANT_KERNELS=v10 / v9 / v8.
   // v13: 16×16 blocks without stochastic rounding on v11's kernel too (=v12 keeps nvfp4_kernel).
-  const bool bf16_tiles = std::is_same_v<T, uint16_t> && M % kV10M == 0 && K % kV10K == 0 &&
+  const bool bf16_tiles = std::is_same_v<T, uint16_t> && M % kV11M == 0 && K % kV11K == 0 &&
                           reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const bool full_tiles = bf16_tiles && !two_d;
   const int version = quant_kernels_version();
   const bool v13_2d = bf16_tiles && two_d && !sr && version >= 13;
   const bool v11 = (full_tiles && version >= 11) || v13_2d;
-  const bool v10 = full_tiles && version == 10;
-  if (!v10 && !v11) set_smem(quant_pass);
+  if (!v11) set_smem(quant_pass);
   if (!amax_ready) {
     const bool v9_amax = v9 && std::is_same_v<T, uint16_t> && M % 16 == 0 && K % 8 == 0 &&
                          reinterpret_cast<uintptr_t>(x) % 16 == 0;
@@ -1052,14 +935,6 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
     } else {
       nvfp4_quant_v11_kernel<false>
           <<<nvfp4_v11_blocks<false, false>(n_tiles), kThreads, 0, stream>>>(xb, a);
-    }
-  } else if (v10) {
-    const dim3 grid10(unsigned(M / kV10M), unsigned(K / kV10K));
-    const auto* xb = reinterpret_cast<const uint16_t*>(x);
-    if (sr) {
-      nvfp4_quant_v10_kernel<true><<<grid10, kThreads, 0, stream>>>(xb, a);
-    } else {
-      nvfp4_quant_v10_kernel<false><<<grid10, kThreads, 0, stream>>>(xb, a);
     }
   } else {
     quant_pass<<<grid, kThreads, sizeof(TileSmem), stream>>>(x, a);

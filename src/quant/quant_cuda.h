@@ -20,14 +20,14 @@ namespace lowbit::quant_cuda {
 
 // Kernel generation, chosen once per process for A/B runs on hardware (bench/NOTES-quant.md):
 // LOWBIT_QUANT_KERNELS=v8 selects the v8 kernels (FP8 block scaling, the NVFP4 amax and quantize
-// passes, MX), =v9 the v9 ones (v10's NVFP4 quantize pass and MXFP8 kernel off), =v10 the v10
-// ones (v11's NVFP4 quantize pass off), =v11 the v11 ones (FP8 current scaling by an amax
-// kernel, a scale kernel and the cast instead of v12's amax_scale and the cast; the NVFP4 amax
-// pass folding into zeroed outputs instead of the reduction words), =v12 the v12 ones (NVFP4
-// 16×16 blocks on the generic tile kernel instead of v13's full-tile kernel), =v13 the v13 ones
-// (FP8 1×128 blocks by v9's kernel instead of v14's lean variant), =v14 the v14 ones (MXFP8
-// blocks walking M fastest instead of v15's K fastest), anything else the current ones. Results
-// are byte-identical either way.
+// passes, MX), =v9 the v9 ones (v10's MXFP8 kernel off), =v10 the v10 ones (v11's NVFP4 quantize
+// pass off: NVFP4 on the v9 kernels, v10's own NVFP4 pass having been removed), =v11 the v11 ones
+// (FP8 current scaling by an amax kernel, a scale kernel and the cast instead of v12's amax_scale
+// and the cast; the NVFP4 amax pass folding into zeroed outputs instead of the reduction words),
+// =v12 the v12 ones (NVFP4 16×16 blocks on the generic tile kernel instead of v13's full-tile
+// kernel), =v13 the v13 ones (FP8 1×128 blocks by v9's kernel instead of v14's lean variant), =v14
+// the v14 ones (MXFP8 blocks walking M fastest instead of v15's K fastest), anything else the
+// current ones. Results are byte-identical either way.
 int quant_kernels_version();  // 8 .. 14, or 15 (default)
 bool legacy_kernels();        // quant_kernels_version() == 8
 
