@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/env_switch.h"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/core/error.h"
 
@@ -115,8 +116,7 @@ void* cuda_take(Device dev, size_t rounded) {
 constexpr int kPoisonByte = 0xA5;
 bool poison_allocations() {
   static const bool on = [] {
-    const char* e = std::getenv("LOWBIT_POISON_ALLOC");
-    return e != nullptr && e[0] == '1';
+    return parse_env_switch("LOWBIT_POISON_ALLOC", std::getenv("LOWBIT_POISON_ALLOC")) == 1;
   }();
   return on;
 }

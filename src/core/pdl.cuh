@@ -13,6 +13,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/env_switch.h"
 #include "lowbit/core/cuda_check.h"
 
 namespace lowbit::pdl {
@@ -27,12 +28,11 @@ __device__ __forceinline__ void grid_sync() {
 #endif
 }
 
-// Whether launch() asks for the overlap: on unless the environment sets LOWBIT_PDL=0 (for A/B
-// timing in one binary).
+// Whether launch() asks for the overlap: on unless the environment sets LOWBIT_PDL=0 / off (for
+// A/B timing in one binary).
 inline bool enabled() {
   static const bool on = [] {
-    const char* env = std::getenv("LOWBIT_PDL");
-    return env == nullptr || std::strcmp(env, "0") != 0;
+    return parse_env_switch("LOWBIT_PDL", std::getenv("LOWBIT_PDL")) != 0;
   }();
   return on;
 }

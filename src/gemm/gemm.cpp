@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env_switch.h"
 #include "gemm/gemm_internal.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/sysinfo.h"
@@ -309,23 +310,8 @@ CanonGemm canonicalize(const Context& ctx, const GemmOperand& a, const GemmOpera
   return g;
 }
 
-namespace {
-// A switch's value, lower-cased: 1 (on, true, yes, 1), 0 (off, false, no, 0), -1 (unset or
-// empty), or a UserError naming the variable and what it takes.
-int parse_switch(const char* var, const char* value, const char* also = nullptr) {
-  if (value == nullptr || *value == '\0') return -1;
-  std::string v(value);
-  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (v == "1" || v == "on" || v == "true" || v == "yes") return 1;
-  if (v == "0" || v == "off" || v == "false" || v == "no") return 0;
-  if (also != nullptr && v == also) return 2;
-  throw UserError(fmt::format("{}={}: expected on / off (1 / 0, true / false, yes / no){}", var,
-                              value, also != nullptr ? fmt::format(" or {}", also) : ""));
-}
-}  // namespace
-
 bool gemm_autotune_from_env(const char* value) {
-  return parse_switch("LOWBIT_GEMM_AUTOTUNE", value) != 0;
+  return parse_env_switch("LOWBIT_GEMM_AUTOTUNE", value) != 0;
 }
 
 namespace {
@@ -352,7 +338,7 @@ std::atomic<int> g_fused{-1};
 }  // namespace
 
 FusedDequant gemm_fused_from_env(const char* value) {
-  switch (parse_switch("LOWBIT_GEMM_FUSED", value, "auto")) {
+  switch (parse_env_switch("LOWBIT_GEMM_FUSED", value, "auto")) {
     case 0: return FusedDequant::kOff;
     case 1: return FusedDequant::kOn;
     default: return FusedDequant::kAuto;  // unset, empty or auto

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "core/env_switch.h"
 #include "core/pdl.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/quant/layout.h"
@@ -616,14 +617,10 @@ int grid_for(int64_t n) {
 
 int quant_kernels_version() {
   static const int version = [] {
-    const char* env = std::getenv("LOWBIT_QUANT_KERNELS");
-    if (env == nullptr) return 15;
-    const std::string_view v(env);
-    if (v == "v8" || v == "v9" || v == "v10" || v == "v11" || v == "v12" || v == "v13" ||
-        v == "v14") {
-      return std::atoi(env + 1);
-    }
-    return 15;
+    const std::string v =
+        parse_env_choice("LOWBIT_QUANT_KERNELS", std::getenv("LOWBIT_QUANT_KERNELS"),
+                         {"v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15"}, "v15");
+    return std::atoi(v.c_str() + 1);
   }();
   return version;
 }

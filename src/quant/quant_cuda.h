@@ -26,8 +26,9 @@ namespace lowbit::quant_cuda {
 // and the cast; the NVFP4 amax pass folding into zeroed outputs instead of the reduction words),
 // =v12 the v12 ones (NVFP4 16×16 blocks on the generic tile kernel instead of v13's full-tile
 // kernel), =v13 the v13 ones (FP8 1×128 blocks by v9's kernel instead of v14's lean variant), =v14
-// the v14 ones (MXFP8 blocks walking M fastest instead of v15's K fastest), anything else the
-// current ones. Results are byte-identical either way.
+// the v14 ones (MXFP8 blocks walking M fastest instead of v15's K fastest), =v15 or unset the
+// current ones; any other value is a UserError listing these. Results are byte-identical either
+// way.
 int quant_kernels_version();  // 8 .. 14, or 15 (default)
 bool legacy_kernels();        // quant_kernels_version() == 8
 
