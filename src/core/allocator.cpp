@@ -148,6 +148,7 @@ void* mem_alloc(Device dev, size_t bytes, MemCategory cat) {
           bytes / 1048576.0, mem_category_name(cat), in_use(dev)));
     }
   } else {
+    const bool poison = poison_allocations();  // before taking a block: a bad value throws
     const size_t rounded = cache_round(bytes);
     p = cuda_take(dev, rounded);
     cudaError_t err = cudaSuccess;
@@ -171,7 +172,7 @@ void* mem_alloc(Device dev, size_t bytes, MemCategory cat) {
           dev.str(), bytes / 1048576.0, mem_category_name(cat), cudaGetErrorString(err),
           in_use(dev)));
     }
-    if (poison_allocations()) {
+    if (poison) {
       // The legacy stream: ordered after the work of every context's (blocking) main stream;
       // side-stream work is joined into the main stream before its op returns, so before any
       // block it used is freed and handed out again.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/env_switch.h"
 #include "lowbit/core/allocator.h"
 #include "lowbit/core/cuda_check.h"
 
@@ -16,6 +17,7 @@ Context Context::create_default() {
 }
 
 Context::Context(Device dev) : device_(dev) {
+  validate_env_switches();  // a mistyped switch fails here, before any work is queued
   if (dev.is_cuda()) {
     LOWBIT_USER_CHECK(dev.index < cuda_device_count(),
                       "GPU {} requested but {} GPU(s) found; pick an index below the count",

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <cstdlib>
 
 #include "lowbit/core/error.h"
 
@@ -38,6 +39,20 @@ std::string parse_env_choice(const char* var, const char* value,
   }
   throw UserError(
       fmt::format("{}={}: expected one of {} (or unset: {})", var, value, listed, fallback));
+}
+
+int parse_quant_kernels(const char* value) {
+  const std::string v = parse_env_choice(
+      "LOWBIT_QUANT_KERNELS", value, {"v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15"}, "v15");
+  return std::stoi(v.substr(1));
+}
+
+void validate_env_switches() {
+  for (const char* var : {"LOWBIT_GEMM_AUTOTUNE", "LOWBIT_POISON_ALLOC", "LOWBIT_PDL"}) {
+    parse_env_switch(var, std::getenv(var));
+  }
+  parse_env_switch("LOWBIT_GEMM_FUSED", std::getenv("LOWBIT_GEMM_FUSED"), "auto");
+  parse_quant_kernels(std::getenv("LOWBIT_QUANT_KERNELS"));
 }
 
 }  // namespace lowbit

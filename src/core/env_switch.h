@@ -1,7 +1,8 @@
 // The process-wide developer switches read from the environment (LOWBIT_GEMM_AUTOTUNE,
-// LOWBIT_GEMM_FUSED, LOWBIT_POISON_ALLOC, LOWBIT_PDL, LOWBIT_QUANT_KERNELS): one spelling of
-// on / off for all of them, and a mistyped value is a UserError that names the variable and what
-// it takes instead of silently meaning something else.
+// LOWBIT_GEMM_FUSED, LOWBIT_POISON_ALLOC, LOWBIT_PDL: on / off, one spelling for all;
+// LOWBIT_QUANT_KERNELS: a list of choices). A mistyped value is a UserError that names the
+// variable and what it takes instead of silently meaning something else, raised when a Context is
+// made (validate_env_switches), before any work is queued.
 #pragma once
 
 #include <initializer_list>
@@ -18,5 +19,13 @@ int parse_env_switch(const char* var, const char* value, const char* also = null
 // throws a UserError that lists the choices.
 std::string parse_env_choice(const char* var, const char* value,
                              std::initializer_list<const char*> choices, const char* fallback);
+
+// Parses every switch above from the environment (each one's readers parse it again the same
+// way, once per process), so that a typo fails before any GPU work is queued. Context's
+// constructor calls it.
+void validate_env_switches();
+
+// LOWBIT_QUANT_KERNELS's value as a kernel generation: v8 … v15 → 8 … 15, unset or empty → 15.
+int parse_quant_kernels(const char* value);
 
 }  // namespace lowbit

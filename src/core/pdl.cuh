@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "core/env_switch.h"

@@ -1,7 +1,6 @@
 // gemm(): validation, the canonical TN problem, backend choice and the fast-accumulation policy
 // (formats.md §3–§4); the backends live in gemm_cpu.cpp and the CUDA files.
 #include <atomic>
-#include <cctype>
 #include <cstdlib>
 #include <string>
 #include <vector>

@@ -651,7 +651,7 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
   //
   // MX pairs (bench/results/h100-2026-11-27/mx-fused-rule-0756/): fused where the output is at
   // most 2048 wide and the contraction longer than the output is wide (124m qkv / fc1 / head
-  // dgrad, fc2 fprop: 0.77–0.90× BF16 against 0.62–0.69× unfused; 1b alike, +0.02–0.11), or as
+  // dgrad, fc2 fprop: 0.80–0.90× BF16 against 0.64–0.69× unfused; 1b alike, +0.02–0.11), or as
   // long with B' a rowwise copy (124m proj fprop 0.74 against 0.69; its dgrad, whose MX
   // columnwise B' takes the transposing dequantization, 0.62 against 0.69 stays unfused).
   // Wider outputs over shorter contractions run faster unfused (124m qkv / fc1 / head fprop

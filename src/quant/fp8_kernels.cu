@@ -5,7 +5,6 @@
 // (quant/scale_math.h) and conversions proven identical to the codec (cuda_common.cuh).
 #include <algorithm>
 #include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "core/env_switch.h"
@@ -617,10 +616,7 @@ int grid_for(int64_t n) {
 
 int quant_kernels_version() {
   static const int version = [] {
-    const std::string v =
-        parse_env_choice("LOWBIT_QUANT_KERNELS", std::getenv("LOWBIT_QUANT_KERNELS"),
-                         {"v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15"}, "v15");
-    return std::atoi(v.c_str() + 1);
+    return parse_quant_kernels(std::getenv("LOWBIT_QUANT_KERNELS"));
   }();
   return version;
 }

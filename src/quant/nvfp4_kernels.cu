@@ -324,15 +324,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// ---- NVFP4 quantize pass: 1×16 blocks, bf16 source, full 128×64 tiles
-// -----------------------------
+// ---- NVFP4 quantize pass: 1×16 blocks, bf16 source, full 128×64 tiles ----------------------
 //
 // The tile and its thread tasks (nvfp4_quant_v11_kernel, below, adds persistence, prefetch and
 // faster encoders to this layout). Thread block: a 128 (M) × 64 (K) tile, 256 threads.
 //  * Loads: thread t owns the rowwise blocks (row t/4 + 64j, K-block t%4), j = 0, 1: two
-//    16-byte loads each, all four in flight before any use. The rowwise copy is quantized
-//    straight from these registers and stored as 8 bytes per block (4 lanes write a row's 32
-//    contiguous bytes).
+//    16-byte loads each, all four in flight before any use. The rowwise copy of these blocks is
+//    quantized by the same thread (v11 reads its granules back from shared memory, see there)
+//    and stored as 8 bytes per block (4 lanes write a row's 32 contiguous bytes).
 //  * The tile is staged in shared memory as bf16 16-byte granules (16 KB, one STS.128 per 8
 //    elements): row r keeps granule g at g ^ (r & 1), so that the two rows of a quarter-warp
 //    store land on different banks; a row read as 32 words still touches every bank once.
@@ -347,6 +346,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 //    positive).
 // Every value is computed by the same operations as in nvfp4_kernel (v9), element by element,
 // and the stochastic-rounding streams use the same indices (quantize_block).
+
 // Transposed row k = t / 4 of a 128×64 tile's columnwise copy:
 // 64 bytes of codes for M-blocks 0..7, from the swizzled cp, and 8 scale bytes, from cs; thread
 // t writes M-blocks 2q and 2q + 1 (q = t % 4).

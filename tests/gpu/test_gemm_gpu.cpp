@@ -1151,6 +1151,17 @@ TEST_F(GpuGemm, FusedDequantGemmMatchesFloat64Reference) {
       check_role(ctx, rc, p.x, p.w, p.dy, 256, 512, k, GemmRole::kDgrad, RunSpec{}, "auto");
       EXPECT_EQ(g_checked_call.fused_dequant, nv) << name << " dgrad k " << k;
     }
+    // dgrad with a longer contraction than the output (R 256, C 512, Kc 1024): fused for both;
+    // fprop 2560 wide over K 3072 (C > 2048): NVFP4 no (4096-wide needs K >= 4096 and a full
+    // GPU), MX no.
+    {
+      const Problem p = make_problem(ctx, rc, 256, 1024, 512, Fill::kNormal, 7);
+      check_role(ctx, rc, p.x, p.w, p.dy, 256, 1024, 512, GemmRole::kDgrad, RunSpec{}, "auto");
+      EXPECT_TRUE(g_checked_call.fused_dequant) << name << " dgrad 256x1024x512";
+      const Problem q = make_problem(ctx, rc, 256, 2560, 3072, Fill::kNormal, 8);
+      check_role(ctx, rc, q.x, q.w, q.dy, 256, 2560, 3072, GemmRole::kFprop, RunSpec{}, "auto");
+      EXPECT_FALSE(g_checked_call.fused_dequant) << name << " fprop 256x2560x3072";
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "lowbit/ops.h"
 #include "ops/op_harness.h"
+#include "user_error.h"
 
 namespace lowbit {
 namespace {
@@ -110,15 +111,7 @@ TEST(GradNorm, NormOfSegmentsEndToEnd) {
   EXPECT_EQ(c.skip, 1);
 }
 
-template <typename Fn>
-std::string user_error(Fn fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::user_error;
 
 TEST(GradNorm, BadInputsAreUserErrors) {
   Context ctx(Device::cpu());
