@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
 #include <string>
 
+#include "lowbit/core/context.h"
 #include "user_error.h"
 
 namespace lowbit {
@@ -42,6 +45,39 @@ TEST(EnvSwitch, Choices) {
   });
   EXPECT_NE(why.find("LOWBIT_Q=v7"), std::string::npos) << why;
   EXPECT_NE(why.find("v8, v9"), std::string::npos) << why;
+}
+
+// Sets an environment variable for a scope, then restores it.
+class EnvScope {
+ public:
+  EnvScope(const char* var, const char* value) : var_(var) {
+    if (const char* old = std::getenv(var)) old_ = old;
+    setenv(var, value, 1);
+  }
+  ~EnvScope() {
+    if (old_.has_value()) {
+      setenv(var_, old_->c_str(), 1);
+    } else {
+      unsetenv(var_);
+    }
+  }
+  EnvScope(const EnvScope&) = delete;
+  EnvScope& operator=(const EnvScope&) = delete;
+
+ private:
+  const char* var_;
+  std::optional<std::string> old_;
+};
+
+TEST(EnvSwitch, AContextRefusesAMistypedSwitch) {
+  for (const char* var : {"LOWBIT_PDL", "LOWBIT_POISON_ALLOC", "LOWBIT_GEMM_AUTOTUNE",
+                          "LOWBIT_GEMM_FUSED", "LOWBIT_QUANT_KERNELS"}) {
+    EnvScope scope(var, "maybe");
+    const std::string why = user_error([] { Context ctx(Device::cpu()); });
+    EXPECT_NE(why.find(std::string(var) + "=maybe"), std::string::npos) << why;
+  }
+  EnvScope fine("LOWBIT_GEMM_FUSED", "AUTO");
+  Context ctx(Device::cpu());  // accepted
 }
 
 }  // namespace
