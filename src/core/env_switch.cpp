@@ -41,6 +41,10 @@ std::string parse_env_choice(const char* var, const char* value,
       fmt::format("{}={}: expected one of {} (or unset: {})", var, value, listed, fallback));
 }
 
+int parse_gemm_fused(const char* value) {
+  return parse_env_switch("LOWBIT_GEMM_FUSED", value, "auto");
+}
+
 int parse_quant_kernels(const char* value) {
   const std::string v = parse_env_choice(
       "LOWBIT_QUANT_KERNELS", value, {"v8", "v9", "v10", "v11", "v12", "v13", "v14", "v15"}, "v15");
@@ -51,7 +55,7 @@ void validate_env_switches() {
   for (const char* var : {"LOWBIT_GEMM_AUTOTUNE", "LOWBIT_POISON_ALLOC", "LOWBIT_PDL"}) {
     parse_env_switch(var, std::getenv(var));
   }
-  parse_env_switch("LOWBIT_GEMM_FUSED", std::getenv("LOWBIT_GEMM_FUSED"), "auto");
+  parse_gemm_fused(std::getenv("LOWBIT_GEMM_FUSED"));
   parse_quant_kernels(std::getenv("LOWBIT_QUANT_KERNELS"));
 }
 

@@ -25,6 +25,9 @@ std::string parse_env_choice(const char* var, const char* value,
 // constructor calls it.
 void validate_env_switches();
 
+// LOWBIT_GEMM_FUSED's value: parse_env_switch with "auto" as the third word (2).
+int parse_gemm_fused(const char* value);
+
 // LOWBIT_QUANT_KERNELS's value as a kernel generation: v8 … v15 → 8 … 15, unset or empty → 15.
 int parse_quant_kernels(const char* value);
 

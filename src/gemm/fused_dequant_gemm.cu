@@ -447,9 +447,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // second). Each warpgroup writes its 64 rows in chunks of 128 bytes per row (64 bf16 / 32
     // f32 columns) into shared memory in the 128-byte swizzle (bf16: conflict-free, the 8 rows of
     // a warp's store land in 8 different 16-byte columns; f32 pairs: at most 2-way), and one
-    // thread stores the chunk with
-    // TMA; with two chunk buffers (NVFP4) writing one overlaps the store of the other, and the
-    // next tile's mainloop overlaps the last stores.
+    // thread stores the chunk with TMA; with two chunk buffers (NVFP4) writing one overlaps the
+    // store of the other, and the next tile's mainloop overlaps the last stores.
     constexpr int kChunkCols = kOutF32 ? 32 : 64;
     constexpr int kEsz = kOutF32 ? 4 : 2;
     const int wr = (warp % 4) * 16 + g;  // row within the warpgroup's 64

@@ -337,7 +337,7 @@ std::atomic<int> g_fused{-1};
 }  // namespace
 
 FusedDequant gemm_fused_from_env(const char* value) {
-  switch (parse_env_switch("LOWBIT_GEMM_FUSED", value, "auto")) {
+  switch (parse_gemm_fused(value)) {
     case 0: return FusedDequant::kOff;
     case 1: return FusedDequant::kOn;
     default: return FusedDequant::kAuto;  // unset, empty or auto

@@ -29,7 +29,7 @@ namespace lowbit::quant_cuda {
 // the v14 ones (MXFP8 blocks walking M fastest instead of v15's K fastest), =v15 or unset the
 // current ones; any other value is a UserError listing these. Results are byte-identical either
 // way.
-int quant_kernels_version();  // 8 .. 14, or 15 (default)
+int quant_kernels_version();  // 8 .. 15 (15 when unset)
 bool legacy_kernels();        // quant_kernels_version() == 8
 
 // *amax_out = max(*amax_out, max |x|) over n elements (NaN skipped).

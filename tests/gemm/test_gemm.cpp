@@ -15,6 +15,8 @@
 namespace lowbit {
 namespace {
 
+using test_util::user_error;
+
 using namespace gemm_test;
 using quant_test::Fill;
 
@@ -421,7 +423,7 @@ TEST(GemmPolicy, AutotuneSetting) {
     EXPECT_FALSE(gemm_autotune_from_env(v)) << v;
   }
   for (const char* v : {"of", "2", "auto", " on"}) {
-    const std::string why = lowbit::test_util::user_error([&] { gemm_autotune_from_env(v); });
+    const std::string why = user_error([&] { gemm_autotune_from_env(v); });
     EXPECT_NE(why.find("LOWBIT_GEMM_AUTOTUNE"), std::string::npos) << why;
     EXPECT_NE(why.find("on / off"), std::string::npos) << why;
   }
@@ -443,7 +445,7 @@ TEST(GemmPolicy, FusedDequantSetting) {
   for (const char* v : {"0", "off", "No"})
     EXPECT_EQ(gemm_fused_from_env(v), FusedDequant::kOff) << v;
   for (const char* v : {"atuo", "fused", "2"}) {
-    const std::string why = lowbit::test_util::user_error([&] { gemm_fused_from_env(v); });
+    const std::string why = user_error([&] { gemm_fused_from_env(v); });
     EXPECT_NE(why.find("LOWBIT_GEMM_FUSED"), std::string::npos) << why;
     EXPECT_NE(why.find("auto"), std::string::npos) << why;
   }
