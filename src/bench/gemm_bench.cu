@@ -360,6 +360,10 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& opt) {
   LOWBIT_USER_CHECK(cuda_device_count() > 0, "bench gemm needs a CUDA GPU; none was found");
   Context ctx(Device::cuda(0));
   cudaStream_t stream = ctx.stream();
+  set_gemm_fused_parts(opt.fused_parts);
+  struct PartsReset {
+    ~PartsReset() { set_gemm_fused_parts(0); }
+  } parts_reset;
   const auto has_role = [&](GemmRole r) {
     return std::find(opt.roles.begin(), opt.roles.end(), r) != opt.roles.end();
   };

@@ -30,6 +30,9 @@ struct GemmBenchOptions {
   std::vector<GemmRole> roles = {GemmRole::kFprop, GemmRole::kDgrad, GemmRole::kWgrad};
   int warmup = 5;
   int iters = 30;
+  // Developer: the fused MX / NVFP4 kernel's k-partition for every shape (0: its model's choice;
+  // 1: whole tiles; n > 1: n parts), to compare partitions in one run.
+  int fused_parts = 0;
 };
 
 struct GemmBenchRow {

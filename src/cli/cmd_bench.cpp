@@ -304,6 +304,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
     std::string roles = "fprop,dgrad,wgrad";
     int iters = 30;
     int warmup = 5;
+    int fused_parts = 0;
     std::string json_out;
   };
   auto g = std::make_shared<GemmOpts>();
@@ -329,6 +330,12 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       ->capture_default_str();
   gemm_cmd->add_option("--json-out", g->json_out,
                        "Also write one JSON object per row to this file");
+  gemm_cmd
+      ->add_option("--fused-parts", g->fused_parts,
+                   "Developer: k-partition of the fused MX / NVFP4 kernel for every shape (0: its "
+                   "model's choice, 1: whole tiles, N: N parts)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
   gemm_cmd->callback([g, &action] {
     action = [g] {
       bench::GemmBenchOptions opt;
@@ -337,6 +344,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       opt.roles = parse_gemm_roles(g->roles);
       opt.iters = g->iters;
       opt.warmup = g->warmup;
+      opt.fused_parts = g->fused_parts;
       const std::vector<GpuInfo> gpus = list_gpus();
       LOWBIT_USER_CHECK(!gpus.empty(), "bench gemm needs a CUDA GPU; none was found");
       std::ofstream f;

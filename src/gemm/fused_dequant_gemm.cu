@@ -9,7 +9,8 @@
 //
 // Structure: a persistent kernel, one CTA of three warpgroups per SM, tiles of 128 × 256 outputs
 // in k-steps of 64, walked in bands of 16 row tiles (L2 reuse of B' panels); problems with fewer
-// tiles than SMs are split along k (f32 partial sums, then an ordered reduction kernel). Warpgroup
+// tiles than SMs are cut along k into one part per CTA (for_each_work: equal splits of every tile
+// or equal ranges of all tiles' steps; f32 partial tiles, then an ordered reduction). Warpgroup
 // 0 is the producer: one warp fills a 5-stage ring — A''s codes (TMA, 128 rows × 32 / 64 bytes),
 // B''s 16-bit panel (TMA, 256 rows × 64, 128-byte swizzle) and A''s scales (cp.async, 4 bytes per
 // row) — completing a `full` mbarrier per stage. Warpgroups 1 and 2 each own 64 rows × 256 columns
@@ -56,6 +57,7 @@
 #include "gemm/fused_dequant_gemm.h"
 #include "gemm/nvfp4_alpha.cuh"
 #include "lowbit/core/cuda_check.h"
+#include "lowbit/core/dtype.h"
 #include "lowbit/formats.h"
 #include "lowbit/quant/rn_ops.h"
 
@@ -284,8 +286,53 @@ struct KernelArgs {
   int64_t ldd;
   const void* bias;
   bool bias_bf16;
-  int splits;  // k-splits per tile (1: out is the result; > 1: out is the f32 partial sums)
+  int parts;  // 0: whole tiles, out is the result; > 0: k-partition (for_each_work), out holds
+              // the f32 partial tiles
 };
+
+// The k-partition ("stream-K"): the tiles' k-steps in one line (tile t's steps at t·nk …), cut into
+// `parts` contiguous ranges of equal length ± 1, one per CTA, so that every SM gets the same work
+// when there are fewer tiles than SMs (equal splits per tile leave a second, partly idle wave:
+// 124m fc1 wgrad, 72 tiles × 3 splits on 132 SMs). Part j starts at part_start(j); the piece of
+// tile t in part j writes partial tile slot t + j ([slots · 128, 256] f32: slots increase along
+// the line, so each is written once), and the reduction adds the pieces of tile t in the order of
+// j (deterministic).
+__host__ __device__ __forceinline__ int64_t part_start(int64_t total, int parts, int64_t j) {
+  return total * j / parts;
+}
+// The part that holds step `pos` of the line: the largest j with part_start(j) <= pos.
+__host__ __device__ __forceinline__ int part_owner(int64_t total, int parts, int64_t pos) {
+  return static_cast<int>(((pos + 1) * parts - 1) / total);
+}
+
+// Calls f(m0, n0, kb_begin, kb_end, slot) for every piece of work of this CTA, in order: whole
+// tiles (parts == 0, slot -1), or the pieces of the CTA's parts.
+template <typename F>
+__device__ __forceinline__ void for_each_work(int parts, int tiles_r, int tiles_c, int nk, F&& f) {
+  const int tiles = tiles_r * tiles_c;
+  if (parts == 0) {
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int m0, n0;
+      tile_origin(t, tiles_r, tiles_c, &m0, &n0);
+      f(m0, n0, 0, nk, -1);
+    }
+    return;
+  }
+  const int64_t total = int64_t(tiles) * nk;
+  for (int j = blockIdx.x; j < parts; j += gridDim.x) {
+    int64_t pos = part_start(total, parts, j);
+    const int64_t end = part_start(total, parts, j + 1);
+    while (pos < end) {
+      const int t = static_cast<int>(pos / nk);
+      const int kb0 = static_cast<int>(pos - int64_t(t) * nk);
+      const int kb1 = static_cast<int>(min(int64_t(nk), kb0 + (end - pos)));
+      int m0, n0;
+      tile_origin(t, tiles_r, tiles_c, &m0, &n0);
+      f(m0, n0, kb0, kb1, t + j);
+      pos += kb1 - kb0;
+    }
+  }
+}
 
 // kPlain: beta = 0 and no bias (the training GEMMs); otherwise the general epilogue.
 template <FusedKind kKind, bool kOutF32, bool kPlain>
@@ -318,16 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl::grid_sync();  // B' and alpha' come from the launch before this one
 
   const int tiles_c = static_cast<int>(p.C / kBN), tiles_r = static_cast<int>(p.R / kBM);
-  const int tiles = tiles_r * tiles_c;
   const int nk = static_cast<int>(p.K / kBK);
-  // Work unit u: tile u / splits, k-steps [kb_begin, kb_end) of split u % splits.
-  const int units = tiles * p.splits;
-  auto unit = [&](int u, int* m0, int* n0, int* kb_begin, int* kb_end, int* split) {
-    *split = u % p.splits;
-    tile_origin(u / p.splits, tiles_r, tiles_c, m0, n0);
-    *kb_begin = static_cast<int>(int64_t(nk) * *split / p.splits);
-    *kb_end = static_cast<int>(int64_t(nk) * (*split + 1) / p.splits);
-  };
 
   if (warp < 4) {
     // ---- Producer warpgroup: warp 0 fills the ring; the other three idle. ----
@@ -336,33 +374,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t scale_row = kF16 ? p.K / 16 : p.K / 32;  // bytes per row of A''s scales
     int s = 0;
     uint32_t ph = 0;
-    for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      int m0, n0, kb_begin, kb_end, split;
-      unit(u, &m0, &n0, &kb_begin, &kb_end, &split);
-      for (int kb = kb_begin; kb < kb_end; ++kb) {
-        tma::mbar_wait(empty(s), ph ^ 1u);
-        const uint32_t st = smem0 + s * kStage;
-        if (lane == 0) {
-          tma::mbar_arrive_expect_tx(full(s), kBBytes + kBM * kRowBytes);
-          tma::load_2d(st, &b_map, full(s), kb * kBK, n0);
-          tma::load_2d(st + kBBytes, &a_map, full(s), kb * kRowBytes, m0);
-        }
-        // Scales: 4 bytes per row (NVFP4: the step's 4 scales; MX: those of steps kb & ~1 and
-        // kb | 1, so that the copy is 4-byte aligned).
-        const int64_t soff = kF16 ? int64_t(kb) * 4 : int64_t(kb & ~1) * 2;
-        const uint32_t sdst = st + kBBytes + kBM * kRowBytes;
+    for_each_work(p.parts, tiles_r, tiles_c, nk,
+                  [&](int m0, int n0, int kb_begin, int kb_end, int) {
+                    for (int kb = kb_begin; kb < kb_end; ++kb) {
+                      tma::mbar_wait(empty(s), ph ^ 1u);
+                      const uint32_t st = smem0 + s * kStage;
+                      if (lane == 0) {
+                        tma::mbar_arrive_expect_tx(full(s), kBBytes + kBM * kRowBytes);
+                        tma::load_2d(st, &b_map, full(s), kb * kBK, n0);
+                        tma::load_2d(st + kBBytes, &a_map, full(s), kb * kRowBytes, m0);
+                      }
+                      // Scales: 4 bytes per row (NVFP4: the step's 4 scales; MX: those of steps kb
+                      // & ~1 and kb | 1, so that the copy is 4-byte aligned).
+                      const int64_t soff = kF16 ? int64_t(kb) * 4 : int64_t(kb & ~1) * 2;
+                      const uint32_t sdst = st + kBBytes + kBM * kRowBytes;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int row = lane + 32 * i;
-          cp_async_4(sdst + 4 * row, p.a_scales + (m0 + row) * scale_row + soff);
-        }
-        cp_async_arrive_noinc(full(s));
-        if (++s == kStages) {
-          s = 0;
-          ph ^= 1u;
-        }
-      }
-    }
+                      for (int i = 0; i < 4; ++i) {
+                        const int row = lane + 32 * i;
+                        cp_async_4(sdst + 4 * row, p.a_scales + (m0 + row) * scale_row + soff);
+                      }
+                      cp_async_arrive_noinc(full(s));
+                      if (++s == kStages) {
+                        s = 0;
+                        ph ^= 1u;
+                      }
+                    }
+                  });
     return;
   }
 
@@ -426,110 +463,115 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    int m0, n0, kb_begin, kb_end, split;
-    unit(u, &m0, &n0, &kb_begin, &kb_end, &split);
-    int kb = kb_begin;
+  for_each_work(
+      p.parts, tiles_r, tiles_c, nk, [&](int m0, int n0, int kb_begin, int kb_end, int slot) {
+        int kb = kb_begin;
 #pragma unroll 1
-    for (; kb + 1 < kb_end; kb += 2) {
-      step(std::integral_constant<int, 0>{}, kb, kb == kb_begin);
-      step(std::integral_constant<int, 1>{}, kb + 1, false);
-    }
-    if (kb < kb_end) step(std::integral_constant<int, 0>{}, kb, kb == kb_begin);
-    wgmma::wait<0>();
-    keep(af[0]);
-    keep(af[1]);
-    keep(acc);
-    tma::mbar_arrive(empty(prev));
+        for (; kb + 1 < kb_end; kb += 2) {
+          step(std::integral_constant<int, 0>{}, kb, kb == kb_begin);
+          step(std::integral_constant<int, 1>{}, kb + 1, false);
+        }
+        if (kb < kb_end) step(std::integral_constant<int, 0>{}, kb, kb == kb_begin);
+        wgmma::wait<0>();
+        keep(af[0]);
+        keep(af[1]);
+        keep(acc);
+        tma::mbar_arrive(empty(prev));
 
-    // Epilogue: thread (g, c) of warp w holds rows row0, row0 + 8 and, for jj < 32, columns
-    // 8·jj + 2c, 8·jj + 2c + 1 (acc[4jj], acc[4jj+1] the first row, acc[4jj+2], acc[4jj+3] the
-    // second). Each warpgroup writes its 64 rows in chunks of 128 bytes per row (64 bf16 / 32
-    // f32 columns) into shared memory in the 128-byte swizzle (bf16: conflict-free, the 8 rows of
-    // a warp's store land in 8 different 16-byte columns; f32 pairs: at most 2-way), and one
-    // thread stores the chunk with TMA; with two chunk buffers (NVFP4) writing one overlaps the
-    // store of the other, and the next tile's mainloop overlaps the last stores.
-    constexpr int kChunkCols = kOutF32 ? 32 : 64;
-    constexpr int kEsz = kOutF32 ? 4 : 2;
-    const int wr = (warp % 4) * 16 + g;  // row within the warpgroup's 64
-    const bool leader = threadIdx.x % 128 == 0;
-    const int64_t r0 = m0 + row0;
+        // Epilogue: thread (g, c) of warp w holds rows row0, row0 + 8 and, for jj < 32, columns
+        // 8·jj + 2c, 8·jj + 2c + 1 (acc[4jj], acc[4jj+1] the first row, acc[4jj+2], acc[4jj+3] the
+        // second). Each warpgroup writes its 64 rows in chunks of 128 bytes per row (64 bf16 / 32
+        // f32 columns) into shared memory in the 128-byte swizzle (bf16: conflict-free, the 8 rows
+        // of a warp's store land in 8 different 16-byte columns; f32 pairs: at most 2-way), and one
+        // thread stores the chunk with TMA; with two chunk buffers (NVFP4) writing one overlaps the
+        // store of the other, and the next tile's mainloop overlaps the last stores.
+        constexpr int kChunkCols = kOutF32 ? 32 : 64;
+        constexpr int kEsz = kOutF32 ? 4 : 2;
+        const int wr = (warp % 4) * 16 + g;  // row within the warpgroup's 64
+        const bool leader = threadIdx.x % 128 == 0;
+        const int64_t r0 = m0 + row0;
 #pragma unroll
-    for (int q = 0; q < kBN / kChunkCols; ++q) {
-      const uint32_t cb = epi0 + (cw * kBufs + q % kBufs) * kChunkBytes;
-      if (leader) tma::bulk_wait_read<kBufs - 1>();  // the store that last read this buffer is done
-      named_sync(1 + cw, 128);
+        for (int q = 0; q < kBN / kChunkCols; ++q) {
+          const uint32_t cb = epi0 + (cw * kBufs + q % kBufs) * kChunkBytes;
+          if (leader)
+            tma::bulk_wait_read<kBufs - 1>();  // the store that last read this buffer is done
+          named_sync(1 + cw, 128);
 #pragma unroll
-      for (int jl = 0; jl < kChunkCols / 8; ++jl) {
-        const int jj = q * (kChunkCols / 8) + jl;
-        float x00 = alpha_eff * acc[4 * jj], x01 = alpha_eff * acc[4 * jj + 1];
-        float x10 = alpha_eff * acc[4 * jj + 2], x11 = alpha_eff * acc[4 * jj + 3];
-        if constexpr (!kPlain) {
-          const int col = n0 + 8 * jj + 2 * c;
-          if (p.beta != 0.0f) {
-            float y00, y01, y10, y11;
+          for (int jl = 0; jl < kChunkCols / 8; ++jl) {
+            const int jj = q * (kChunkCols / 8) + jl;
+            float x00 = alpha_eff * acc[4 * jj], x01 = alpha_eff * acc[4 * jj + 1];
+            float x10 = alpha_eff * acc[4 * jj + 2], x11 = alpha_eff * acc[4 * jj + 3];
+            if constexpr (!kPlain) {
+              const int col = n0 + 8 * jj + 2 * c;
+              if (p.beta != 0.0f) {
+                float y00, y01, y10, y11;
+                if constexpr (kOutF32) {
+                  const float* c0 = (p.c != nullptr ? static_cast<const float*>(p.c)
+                                                    : static_cast<const float*>(p.out)) +
+                                    r0 * p.ldd + col;
+                  const float2 a = *reinterpret_cast<const float2*>(c0);
+                  const float2 b = *reinterpret_cast<const float2*>(c0 + 8 * p.ldd);
+                  y00 = a.x, y01 = a.y, y10 = b.x, y11 = b.y;
+                } else {
+                  const __nv_bfloat16* c0 =
+                      (p.c != nullptr ? static_cast<const __nv_bfloat16*>(p.c)
+                                      : static_cast<const __nv_bfloat16*>(p.out)) +
+                      r0 * p.ldd + col;
+                  const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(c0);
+                  const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(c0 + 8 * p.ldd);
+                  y00 = __low2float(a), y01 = __high2float(a);
+                  y10 = __low2float(b), y11 = __high2float(b);
+                }
+                x00 = fmaf(p.beta, y00, x00);
+                x01 = fmaf(p.beta, y01, x01);
+                x10 = fmaf(p.beta, y10, x10);
+                x11 = fmaf(p.beta, y11, x11);
+              }
+              if (p.bias != nullptr) {
+                float b0, b1;
+                if (p.bias_bf16) {
+                  b0 = __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[col]);
+                  b1 = __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[col + 1]);
+                } else {
+                  b0 = static_cast<const float*>(p.bias)[col];
+                  b1 = static_cast<const float*>(p.bias)[col + 1];
+                }
+                x00 += b0;
+                x01 += b1;
+                x10 += b0;
+                x11 += b1;
+              }
+            }
+            // Byte offset of (row, column 8·jl + 2c) in the chunk, 16-byte column j at j ^ (row %
+            // 8).
+            const int bo = (8 * jl + 2 * c) * kEsz;
+            const uint32_t a0 = cb + wr * 128 + (((bo >> 4) ^ (wr & 7)) << 4) + (bo & 15);
+            const uint32_t a1 = a0 + 8 * 128;  // row wr + 8: same swizzle phase
             if constexpr (kOutF32) {
-              const float* c0 = (p.c != nullptr ? static_cast<const float*>(p.c)
-                                                : static_cast<const float*>(p.out)) +
-                                r0 * p.ldd + col;
-              const float2 a = *reinterpret_cast<const float2*>(c0);
-              const float2 b = *reinterpret_cast<const float2*>(c0 + 8 * p.ldd);
-              y00 = a.x, y01 = a.y, y10 = b.x, y11 = b.y;
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a0), "f"(x00), "f"(x01));
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a1), "f"(x10), "f"(x11));
             } else {
-              const __nv_bfloat16* c0 =
-                  (p.c != nullptr ? static_cast<const __nv_bfloat16*>(p.c)
-                                  : static_cast<const __nv_bfloat16*>(p.out)) +
-                  r0 * p.ldd + col;
-              const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(c0);
-              const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(c0 + 8 * p.ldd);
-              y00 = __low2float(a), y01 = __high2float(a);
-              y10 = __low2float(b), y11 = __high2float(b);
+              const __nv_bfloat162 b0 = __floats2bfloat162_rn(x00, x01);
+              const __nv_bfloat162 b1 = __floats2bfloat162_rn(x10, x11);
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a0),
+                           "r"(*reinterpret_cast<const uint32_t*>(&b0)));
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1),
+                           "r"(*reinterpret_cast<const uint32_t*>(&b1)));
             }
-            x00 = fmaf(p.beta, y00, x00);
-            x01 = fmaf(p.beta, y01, x01);
-            x10 = fmaf(p.beta, y10, x10);
-            x11 = fmaf(p.beta, y11, x11);
           }
-          if (p.bias != nullptr) {
-            float b0, b1;
-            if (p.bias_bf16) {
-              b0 = __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[col]);
-              b1 = __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[col + 1]);
+          wgmma::fence_proxy_async();  // the chunk's writes visible to the TMA unit
+          named_sync(1 + cw, 128);
+          if (leader) {
+            // A piece of a k-partition writes partial tile `slot` ([slots · 128, 256] f32).
+            if (slot >= 0) {
+              tma::store_2d(&o_map, cb, q * kChunkCols, slot * kBM + cw * 64);
             } else {
-              b0 = static_cast<const float*>(p.bias)[col];
-              b1 = static_cast<const float*>(p.bias)[col + 1];
+              tma::store_2d(&o_map, cb, n0 + q * kChunkCols, m0 + cw * 64);
             }
-            x00 += b0;
-            x01 += b1;
-            x10 += b0;
-            x11 += b1;
+            tma::bulk_commit();
           }
         }
-        // Byte offset of (row, column 8·jl + 2c) in the chunk, 16-byte column j at j ^ (row % 8).
-        const int bo = (8 * jl + 2 * c) * kEsz;
-        const uint32_t a0 = cb + wr * 128 + (((bo >> 4) ^ (wr & 7)) << 4) + (bo & 15);
-        const uint32_t a1 = a0 + 8 * 128;  // row wr + 8: same swizzle phase
-        if constexpr (kOutF32) {
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a0), "f"(x00), "f"(x01));
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a1), "f"(x10), "f"(x11));
-        } else {
-          const __nv_bfloat162 b0 = __floats2bfloat162_rn(x00, x01);
-          const __nv_bfloat162 b1 = __floats2bfloat162_rn(x10, x11);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a0),
-                       "r"(*reinterpret_cast<const uint32_t*>(&b0)));
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a1),
-                       "r"(*reinterpret_cast<const uint32_t*>(&b1)));
-        }
-      }
-      wgmma::fence_proxy_async();  // the chunk's writes visible to the TMA unit
-      named_sync(1 + cw, 128);
-      if (leader) {
-        // Split s of a split-K GEMM writes rows s·R + … of the partial sums.
-        tma::store_2d(&o_map, cb, n0 + q * kChunkCols, split * int(p.R) + m0 + cw * 64);
-        tma::bulk_commit();
-      }
-    }
-  }
+      });
   if (threadIdx.x % 128 == 0) tma::bulk_wait_all();  // the last stores have left shared memory
 }
 
@@ -543,52 +585,67 @@ struct PermJob {
   DType t;
 };
 
-// K-contiguous copies (NVFP4, MX rowwise): one thread per 16 consecutive k of a row (k = 64·kb +
-// 16·c4 + i, consecutive threads along the row: coalesced code loads), 16 values written as
-// eight 4-byte pairs at their permuted positions.
-template <bool kF16>
+// K-contiguous copies (NVFP4, MX rowwise): one thread per 64 consecutive k of a row (one k-step
+// of the GEMM: 32 / 64 code bytes and 4 / 2 scale bytes, consecutive threads along the row), its
+// four 16-code chunks converted by the mainloop's own nvfp4_row / mx_row (so that B' carries
+// exactly the bits A' gets in registers), and its 128 output bytes written through a swizzled
+// per-thread slot in shared memory so that each warp store covers 512 contiguous bytes. The
+// one-thread-per-16-codes version (a shared-memory table lookup and an fp32 multiply per code,
+// eight 4-byte stores at 32-byte strides) moved 32 MB in 21 µs at the 124m wgrad shapes, half
+// the copy rate.
+//
+// Chunk c's pair word v_c[i] holds codes 16c + 2i, 2i + 1; permuted position 16·kk + 2c + (j & 1)
+// + 8·(j >> 1) holds code 16c + 4kk + j, so word w of the 16-element group kk is v_c[2kk] for
+// w = c and v_c[2kk + 1] for w = 4 + c.
+template <FusedKind kKind>
 __global__ void __launch_bounds__(256) dequant_perm_kernel(PermJob j, Nvfp4Alpha al) {
   pdl::grid_sync();
   if (al.out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) write_nvfp4_alpha(al);
-  __shared__ float lut[256];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    lut[i] = kF16 ? (i < 16 ? decode(DType::kE2M1, uint32_t(i)) : 0.0f) : decode(j.t, uint32_t(i));
-  }
-  __syncthreads();
-  const int64_t per_row = j.cols / 16;
+  __shared__ __align__(16) uint4 stage[256][8];  // [thread][16-byte piece ^ (thread % 8)]
+  const int t = threadIdx.x;
+  const int64_t per_row = j.cols / 64;
   const int64_t units = j.rows * per_row;
-  for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < units;
-       u += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = u / per_row;
-    const int64_t k0 = (u % per_row) * 16;  // 64·kb + 16·c4
-    float f[16];
-    if constexpr (kF16) {
-      const uint2 w = *reinterpret_cast<const uint2*>(j.codes + (r * j.cols + k0) / 2);
-      const float sc = decode(DType::kUE4M3, j.scales[(r * j.cols + k0) / 16]);
+  const int64_t u = int64_t(blockIdx.x) * 256 + t;
+  if (u < units) {
+    const int64_t r = u / per_row, kb = u % per_row;
+    uint32_t v[4][8];
+    if constexpr (kKind == FusedKind::kNvfp4) {
+      const uint4* src = reinterpret_cast<const uint4*>(j.codes + r * (j.cols / 2) + 32 * kb);
+      const uint4 w0 = src[0], w1 = src[1];
+      const uint32_t sc = *reinterpret_cast<const uint32_t*>(j.scales + r * (j.cols / 16) + 4 * kb);
+      const uint2 w[4] = {make_uint2(w0.x, w0.y), make_uint2(w0.z, w0.w), make_uint2(w1.x, w1.y),
+                          make_uint2(w1.z, w1.w)};
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        f[i] = mul_rn(lut[((i < 8 ? w.x : w.y) >> (4 * (i & 7))) & 0xFu], sc);
-      }
+      for (int c = 0; c < 4; ++c) nvfp4_row(w[c], ue4m3_f16x2((sc >> (8 * c)) & 0xFFu), v[c]);
     } else {
-      const uint4 w = *reinterpret_cast<const uint4*>(j.codes + r * j.cols + k0);
-      const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-      const float sc = decode_e8m0(j.scales[(r * j.cols + k0) / 32]);
+      const uint4* src = reinterpret_cast<const uint4*>(j.codes + r * j.cols + 64 * kb);
+      const uint32_t sc = *reinterpret_cast<const uint16_t*>(j.scales + r * (j.cols / 32) + 2 * kb);
+      constexpr DType kT = kKind == FusedKind::kE5M2 ? DType::kE5M2 : DType::kE4M3;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) f[i] = mul_rn(lut[(ws[i >> 2] >> (8 * (i & 3))) & 0xFFu], sc);
+      for (int c = 0; c < 4; ++c) {
+        mx_row<kKind == FusedKind::kE5M2>(src[c], (sc >> (8 * (c >> 1))) & 0xFFu, kT, v[c]);
+      }
     }
-    uint32_t h[16];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      h[i] = kF16 ? __half_as_ushort(__float2half_rn(mul_rn(f[i], 1.0f / 16384.0f)))
-                  : __bfloat16_as_ushort(__float2bfloat16_rn(f[i]));
+    for (int kk = 0; kk < 4; ++kk) {
+      stage[t][(2 * kk) ^ (t & 7)] =
+          make_uint4(v[0][2 * kk], v[1][2 * kk], v[2][2 * kk], v[3][2 * kk]);
+      stage[t][(2 * kk + 1) ^ (t & 7)] =
+          make_uint4(v[0][2 * kk + 1], v[1][2 * kk + 1], v[2][2 * kk + 1], v[3][2 * kk + 1]);
     }
-    const int64_t kb64 = k0 & ~int64_t(63);
-    const int c4 = static_cast<int>((k0 >> 4) & 3);
-    uint16_t* o = j.out + r * j.cols + kb64 + 2 * c4;
+  }
+  __syncwarp();
+  // Warp w's 32 slots go out as 8 rounds of 512 contiguous bytes: lane l of round i stores piece
+  // l % 8 of slot 4i + l / 8 of the warp.
+  const int lane = t % 32, base = t - lane;
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {  // k = 16c4 + 4kk + jj → 16kk + 2c4 + (jj & 1) + 8(jj >> 1)
-      *reinterpret_cast<uint32_t*>(o + 16 * kk) = h[4 * kk] | (h[4 * kk + 1] << 16);
-      *reinterpret_cast<uint32_t*>(o + 16 * kk + 8) = h[4 * kk + 2] | (h[4 * kk + 3] << 16);
+  for (int i = 0; i < 8; ++i) {
+    const int slot = base + 4 * i + lane / 8, piece = lane % 8;
+    const int64_t us = int64_t(blockIdx.x) * 256 + slot;
+    if (us < units) {
+      const int64_t r = us / per_row, kb = us % per_row;
+      *reinterpret_cast<uint4*>(j.out + r * j.cols + 64 * kb + 8 * piece) =
+          stage[slot][piece ^ (slot & 7)];
     }
   }
 }
@@ -632,11 +689,12 @@ __global__ void __launch_bounds__(256) dequant_perm_colwise_kernel(PermJob j, Nv
   }
 }
 
-// out = Σ_s partial[s] (s in order: deterministic) (+ beta · c) (+ bias), one rounding to out's
-// type; the partials already carry alpha. Four columns per thread (C % 256 == 0).
-struct SplitReduce {
-  const float* partial;  // [splits, R, C]
-  int splits;
+// out = Σ_j partial[t + j] over the parts j that hold a piece of tile t, in the order of j
+// (deterministic) (+ beta · c) (+ bias), one rounding to out's type; the partials already carry
+// alpha. Four columns per thread (C % 256 == 0).
+struct PartsReduce {
+  const float* partial;  // [slots · 128, 256]
+  int parts, tiles_r, tiles_c, nk;
   int64_t R, C;
   float beta;
   const void* c;
@@ -647,46 +705,103 @@ struct SplitReduce {
   bool bias_bf16;
 };
 
-__global__ void __launch_bounds__(256) split_reduce_kernel(SplitReduce r) {
+// The tile t of result element (row, col) (tile_origin inverted: bands of kBand row tiles, down
+// each band first) and the parts j0 … j1 that hold its pieces (partial tiles t + j0 … t + j1).
+__device__ __forceinline__ void tile_parts(const PartsReduce& r, int64_t row, int64_t col, int* t,
+                                           int* j0, int* j1) {
+  const int64_t total = int64_t(r.tiles_r) * r.tiles_c * r.nk;
+  const int mt = static_cast<int>(row / kBM), nt = static_cast<int>(col / kBN);
+  const int band = mt / kBand, first = band * kBand, rows = min(kBand, r.tiles_r - first);
+  *t = band * kBand * r.tiles_c + nt * rows + (mt - first);
+  *j0 = part_owner(total, r.parts, int64_t(*t) * r.nk);
+  *j1 = part_owner(total, r.parts, int64_t(*t) * r.nk + r.nk - 1);
+}
+
+// Four consecutive out elements from their sums x: + beta · c (c at the same place as out), +
+// bias[bias0 + k], one rounding to out's type.
+__device__ __forceinline__ void reduce_store4(const PartsReduce& r, float (&x)[4], int64_t o,
+                                              int64_t bias0) {
+  if (r.beta != 0.0f) {
+    const void* cs = r.c != nullptr ? r.c : r.out;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float y = r.out_f32 ? static_cast<const float*>(cs)[o + k]
+                                : __bfloat162float(static_cast<const __nv_bfloat16*>(cs)[o + k]);
+      x[k] = fmaf(r.beta, y, x[k]);
+    }
+  }
+  if (r.bias != nullptr) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      x[k] += r.bias_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(r.bias)[bias0 + k])
+                          : static_cast<const float*>(r.bias)[bias0 + k];
+    }
+  }
+  if (r.out_f32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(r.out) + o) =
+        make_float4(x[0], x[1], x[2], x[3]);
+  } else {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(x[0], x[1]);
+    const __nv_bfloat162 b = __floats2bfloat162_rn(x[2], x[3]);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t*>(&a);
+    u.y = *reinterpret_cast<const uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(r.out) + o) = u;
+  }
+}
+
+__global__ void __launch_bounds__(256) parts_reduce_kernel(PartsReduce r) {
   pdl::grid_sync();
-  const int64_t n4 = r.R * r.C / 4, plane = r.R * r.C;
+  const int64_t n4 = r.R * r.C / 4;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = (4 * i) / r.C, col = (4 * i) % r.C;
-    float4 v = *reinterpret_cast<const float4*>(r.partial + 4 * i);
-    for (int s = 1; s < r.splits; ++s) {
-      const float4 w = *reinterpret_cast<const float4*>(r.partial + s * plane + 4 * i);
+    int t, j0, j1;
+    tile_parts(r, row, col, &t, &j0, &j1);
+    const float* tile = r.partial + (row % kBM) * kBN + col % kBN;
+    float4 v = *reinterpret_cast<const float4*>(tile + int64_t(t + j0) * kBM * kBN);
+    for (int j = j0 + 1; j <= j1; ++j) {
+      const float4 w = *reinterpret_cast<const float4*>(tile + int64_t(t + j) * kBM * kBN);
       v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
     }
     float x[4] = {v.x, v.y, v.z, v.w};
-    const int64_t o = row * r.ldd + col;
-    if (r.beta != 0.0f) {
-      const void* cs = r.c != nullptr ? r.c : r.out;
+    reduce_store4(r, x, row * r.ldd + col, col);
+  }
+}
+
+// The same sums written transposed: out [C, R] (ldd over R) = the kernel's [R, C] result (c read
+// alike, the bias indexed by the kernel's row: out's column). One block per 64 × 64 of the kernel's
+// result: the sums of 16 rows × 64 columns per pass into shared memory, then 64 out rows × 64
+// contiguous columns from it, so that both the partial reads and the out writes are coalesced.
+__global__ void __launch_bounds__(256) parts_reduce_transposed_kernel(PartsReduce r) {
+  pdl::grid_sync();
+  __shared__ float sum[64][65];  // [kernel row][kernel column], padded
+  const int t = threadIdx.x;
+  const int64_t r0 = int64_t(blockIdx.y) * 64, c0 = int64_t(blockIdx.x) * 64;
+  int tile, j0, j1;
+  tile_parts(r, r0, c0, &tile, &j0, &j1);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float y = r.out_f32 ? static_cast<const float*>(cs)[o + k]
-                                  : __bfloat162float(static_cast<const __nv_bfloat16*>(cs)[o + k]);
-        x[k] = fmaf(r.beta, y, x[k]);
-      }
+  for (int pass = 0; pass < 4; ++pass) {
+    const int lr = 16 * pass + t / 16, lc = 4 * (t % 16);
+    const float* p = r.partial + ((r0 + lr) % kBM) * kBN + (c0 + lc) % kBN;
+    float4 v = *reinterpret_cast<const float4*>(p + int64_t(tile + j0) * kBM * kBN);
+    for (int j = j0 + 1; j <= j1; ++j) {
+      const float4 w = *reinterpret_cast<const float4*>(p + int64_t(tile + j) * kBM * kBN);
+      v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
     }
-    if (r.bias != nullptr) {
+    sum[lr][lc] = v.x;
+    sum[lr][lc + 1] = v.y;
+    sum[lr][lc + 2] = v.z;
+    sum[lr][lc + 3] = v.w;
+  }
+  __syncthreads();
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        x[k] += r.bias_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(r.bias)[col + k])
-                            : static_cast<const float*>(r.bias)[col + k];
-      }
-    }
-    if (r.out_f32) {
-      *reinterpret_cast<float4*>(static_cast<float*>(r.out) + o) =
-          make_float4(x[0], x[1], x[2], x[3]);
-    } else {
-      const __nv_bfloat162 a = __floats2bfloat162_rn(x[0], x[1]);
-      const __nv_bfloat162 b = __floats2bfloat162_rn(x[2], x[3]);
-      uint2 u;
-      u.x = *reinterpret_cast<const uint32_t*>(&a);
-      u.y = *reinterpret_cast<const uint32_t*>(&b);
-      *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(r.out) + o) = u;
-    }
+  for (int pass = 0; pass < 4; ++pass) {
+    const int lc = 16 * pass + t / 16, lr = 4 * (t % 16);  // out row c0 + lc, columns r0 + lr..
+    float x[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = sum[lr + k][lc];
+    reduce_store4(r, x, (c0 + lc) * r.ldd + r0 + lr, r0 + lr);
   }
 }
 
@@ -702,7 +817,7 @@ void launch_fused(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorM
   auto* kernel = fused_gemm_kernel<kKind, kOutF32, kPlain>;
   constexpr int smem = smem_bytes<kKind>();
   allow_dynamic_smem(kernel, smem);  // per device
-  const bool split = a.splits > 1;   // the kernel writes partial sums, the reduction the rest
+  const bool split = a.parts > 0;    // the kernel writes partial tiles, the reduction the rest
   const KernelArgs p{a.a_scales,
                      a.R,
                      a.C,
@@ -712,10 +827,10 @@ void launch_fused(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorM
                      split ? 0.0f : a.beta,
                      a.c,
                      split ? static_cast<void*>(a.partial) : a.out,
-                     split ? a.C : a.ldd,
+                     split ? kBN : a.ldd,
                      split ? nullptr : a.bias,
                      a.bias_bf16,
-                     split ? a.splits : 1};
+                     a.parts};
   pdl::launch(kernel, unsigned(grid), kThreads, smem, stream, am, bm, om, p);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
@@ -723,7 +838,7 @@ void launch_fused(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorM
 template <FusedKind kKind>
 void launch_kind(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorMap& bm,
                  const CUtensorMap& om, int grid, cudaStream_t stream) {
-  const bool split = a.splits > 1;
+  const bool split = a.parts > 0;
   const bool plain = split || (a.beta == 0.0f && a.bias == nullptr);
   if (split || a.out_f32) {
     plain ? launch_fused<kKind, true, true>(a, am, bm, om, grid, stream)
@@ -758,18 +873,23 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
   LOWBIT_CHECK(tma::make_2d_map(&bm, a.b_perm, CU_TENSOR_MAP_DATA_TYPE_UINT16, a.K, a.C, a.K * 2,
                                 kBK, kBN, CU_TENSOR_MAP_SWIZZLE_128B),
                "fused_gemm: no TMA map for B' [{}, {}]", a.C, a.K);
-  const bool split = a.splits > 1;
-  LOWBIT_CHECK(a.splits >= 1 && a.splits <= a.K / kBK && (!split || a.partial != nullptr),
-               "fused_gemm: {} splits of {} k-steps", a.splits, a.K / kBK);
+  const bool split = a.parts > 0;
+  const int64_t tiles = (a.R / kBM) * (a.C / kBN), total = tiles * (a.K / kBK);
+  LOWBIT_CHECK(a.parts >= 0 && a.parts <= total && total < (int64_t{1} << 40) &&
+                   (!split || a.partial != nullptr),
+               "fused_gemm: {} parts of {} tile k-steps", a.parts, total);
+  LOWBIT_CHECK(!a.out_transposed || split, "fused_gemm: a transposed out needs a k-partition");
   CUtensorMap om;
   const bool f32 = split || a.out_f32;
+  const int64_t slots = split ? fused_gemm_partial_tiles(a.R, a.C, a.parts) : 0;
   LOWBIT_CHECK(
       tma::make_2d_map(&om, split ? static_cast<void*>(a.partial) : a.out,
                        f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                       a.C, split ? a.splits * a.R : a.R, (split ? a.C : a.ldd) * (f32 ? 4 : 2),
-                       f32 ? 32 : 64, 64, CU_TENSOR_MAP_SWIZZLE_128B),
+                       split ? kBN : a.C, split ? slots * kBM : a.R,
+                       (split ? kBN : a.ldd) * (f32 ? 4 : 2), f32 ? 32 : 64, 64,
+                       CU_TENSOR_MAP_SWIZZLE_128B),
       "fused_gemm: no TMA map for out [{}, {}] (ldd {})", a.R, a.C, a.ldd);
-  const int64_t units = (a.R / kBM) * (a.C / kBN) * a.splits;
+  const int64_t units = split ? a.parts : tiles;
   const int cap = a.max_ctas > 0 ? std::min(a.max_ctas, sm_count()) : sm_count();
   const int grid = static_cast<int>(std::min<int64_t>(units, cap));
   switch (a.kind) {
@@ -780,29 +900,66 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
   if (split) {
     const int64_t n4 = a.R * a.C / 4;
     const int rgrid = static_cast<int>(std::clamp<int64_t>((n4 + 255) / 256, 1, 4 * 8192));
-    const SplitReduce r{a.partial, a.splits,  a.R,   a.C,    a.beta,     a.c,
-                        a.out,     a.out_f32, a.ldd, a.bias, a.bias_bf16};
-    pdl::launch(split_reduce_kernel, unsigned(rgrid), 256, 0, stream, r);
+    const PartsReduce r{a.partial,
+                        a.parts,
+                        static_cast<int>(a.R / kBM),
+                        static_cast<int>(a.C / kBN),
+                        static_cast<int>(a.K / kBK),
+                        a.R,
+                        a.C,
+                        a.beta,
+                        a.c,
+                        a.out,
+                        a.out_f32,
+                        a.ldd,
+                        a.bias,
+                        a.bias_bf16};
+    if (a.out_transposed) {
+      LOWBIT_CHECK(a.R / 64 <= 65535, "fused_gemm: R {} too large for a transposed out", a.R);
+      pdl::launch(parts_reduce_transposed_kernel, dim3(unsigned(a.C / 64), unsigned(a.R / 64)), 256,
+                  0, stream, r);
+    } else {
+      pdl::launch(parts_reduce_kernel, unsigned(rgrid), 256, 0, stream, r);
+    }
     LOWBIT_CUDA_CHECK_LAUNCH();
   }
 }
 
 int fused_gemm_sm_count() { return sm_count(); }
 
-int fused_gemm_splits(int64_t R, int64_t C, int64_t K) {
-  // Modelled time per split count (µs on an H100: a k-step of one CTA ≈ 0.6, the partial sums
-  // written and read at ≈ 2.5 TB/s); the cheapest wins. Whole-GPU problems take 1.
+int64_t fused_gemm_partial_tiles(int64_t R, int64_t C, int parts) {
+  return parts > 0 ? (R / kBM) * (C / kBN) + parts - 1 : 0;
+}
+
+int fused_gemm_parts(int64_t R, int64_t C, int64_t K) {
+  // Modelled time in µs on an H100 (kernel + reduction), fitted to the 124m wgrads timed back to
+  // back with each partition forced (h100-2026-11-27/wgrad-parts-1010): a k-step of one CTA
+  // ≈ 0.76; per part ≈ 3.6 steps more when the parts are aligned to the tiles (P = s · tiles:
+  // s equal splits of every tile, one piece per part), ≈ 12.4 when they are not (a piece that
+  // ends mid-tile is followed by a second epilogue and pipeline fill on the same CTA); the
+  // reduction ≈ 0.045 per partial tile read. Whole tiles (P = 0) when the tiles fill the GPU or
+  // nothing is cheaper. Measured (µs per call, with the B' copy): qkv 108 unaligned against 116
+  // aligned (2 splits), proj 47–48 aligned (7) against 49, fc1 135 unaligned against 148–152
+  // (3 splits in two waves).
   const int64_t tiles = (R / kBM) * (C / kBN), nk = K / kBK, sms = sm_count();
-  if (tiles >= sms) return 1;
-  int best = 1;
-  double best_t = 0.0;
-  for (int s = 1; s <= 16 && s <= nk; ++s) {
-    const double waves = double((tiles * s + sms - 1) / sms);
-    const double t = waves * (double(nk) / s + 2.0) * 0.6 + (s > 1 ? s * R * C * 8 / 2.5e6 : 0.0);
-    if (s == 1 || t < best_t) {
-      best = s;
+  if (tiles >= sms) return 0;
+  const int64_t total = tiles * nk;
+  constexpr double kStep = 0.76, kAligned = 3.6, kUnaligned = 12.4, kPartial = 0.045;
+  int best = 0;
+  double best_t = (double(nk) + kAligned) * kStep;
+  const auto consider = [&](int64_t p, double t) {
+    if (t < best_t) {
+      best = static_cast<int>(p);
       best_t = t;
     }
+  };
+  for (int64_t s = 2; s <= 16 && s <= nk; ++s) {
+    const int64_t p = s * tiles, waves = (p + sms - 1) / sms;
+    consider(p, double(waves) * (double(nk) / double(s) + kAligned) * kStep + double(p) * kPartial);
+  }
+  for (int64_t p = tiles + 1; p <= sms && p <= total; ++p) {
+    if (p % tiles == 0) continue;  // aligned: above
+    consider(p, (double((total + p - 1) / p) + kUnaligned) * kStep + double(p + tiles) * kPartial);
   }
   return best;
 }
@@ -823,12 +980,18 @@ void dequant_b_permuted(const DequantJob& b, FusedKind kind, const Nvfp4Alpha* a
     pdl::launch(dequant_perm_colwise_kernel, dim3(unsigned(b.cols / 64), unsigned(b.rows / 64)),
                 256, 0, stream, j, al);
   } else {
-    const int64_t units = b.rows * (b.cols / 16);
-    const int grid = static_cast<int>(std::clamp<int64_t>((units + 255) / 256, 1, 8192));
+    const int64_t units = b.rows * (b.cols / 64);
+    LOWBIT_CHECK(units / 256 < (int64_t{1} << 31), "dequant_b_permuted: {} x {} is too large",
+                 b.rows, b.cols);
+    const unsigned grid = unsigned((units + 255) / 256);
     if (nv) {
-      pdl::launch(dequant_perm_kernel<true>, unsigned(grid), 256, 0, stream, j, al);
+      pdl::launch(dequant_perm_kernel<FusedKind::kNvfp4>, grid, 256, 0, stream, j, al);
+    } else if (b.t == DType::kE5M2) {
+      pdl::launch(dequant_perm_kernel<FusedKind::kE5M2>, grid, 256, 0, stream, j, al);
     } else {
-      pdl::launch(dequant_perm_kernel<false>, unsigned(grid), 256, 0, stream, j, al);
+      LOWBIT_CHECK(b.t == DType::kE4M3, "dequant_b_permuted: MX B' must hold FP8 codes, not {}",
+                   dtype_name(b.t));
+      pdl::launch(dequant_perm_kernel<FusedKind::kE4M3>, grid, 256, 0, stream, j, al);
     }
   }
   LOWBIT_CUDA_CHECK_LAUNCH();

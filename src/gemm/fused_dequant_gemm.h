@@ -51,20 +51,29 @@ struct FusedGemmArgs {
   const void* bias = nullptr;
   bool bias_bf16 = true;
   int max_ctas = 0;  // persistent grid size cap (0: one CTA per SM); tests use it
-  // Split-K: splits > 1 runs each tile as `splits` CTAs over consecutive k ranges writing f32
-  // partial sums [splits, R, C] into `partial` (workspace), then a reduction kernel adds them in
-  // order with beta · c and the bias (deterministic). For problems with fewer tiles than SMs.
-  int splits = 1;
+  // k-partition: parts > 0 lays the tiles' k-steps in one line and cuts it into `parts` equal
+  // ranges, one per CTA (a range may end inside a tile and the next begin there: every SM gets
+  // the same work when there are fewer tiles than SMs). Each piece writes an f32 partial tile
+  // into `partial` (workspace, fused_gemm_partial_tiles × 128 × 256 floats), then a reduction
+  // kernel adds the pieces of each tile in a fixed order with beta · c and the bias
+  // (deterministic). 0: each CTA computes whole tiles into out. parts ≤ tiles · K / 64.
+  int parts = 0;
   float* partial = nullptr;
+  // With parts > 0 only: out is [C, R] (ldd over R) and receives the transpose of the result
+  // (c alike; the bias is indexed by r). The reduction writes it; the kernel is unchanged.
+  bool out_transposed = false;
 };
 void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream);
 
 // SMs of the current device (the persistent grid's size).
 int fused_gemm_sm_count();
 
-// The split count fused_gemm should use for [R, C] over K (1 when the tiles fill the GPU): the
-// cheapest by a model of waves × k-steps per split plus the partial sums' traffic.
-int fused_gemm_splits(int64_t R, int64_t C, int64_t K);
+// The k-partition fused_gemm should use for [R, C] over K (0 when the tiles fill the GPU or
+// whole tiles are faster): the cheapest by a model of k-steps per CTA plus the partial tiles'
+// traffic.
+int fused_gemm_parts(int64_t R, int64_t C, int64_t K);
+// Partial tiles (128 × 256 f32 each) that `parts` > 0 needs: tiles + parts - 1.
+int64_t fused_gemm_partial_tiles(int64_t R, int64_t C, int parts);
 
 // B' [rows = C, cols = K] dequantized (the job's codes, scales and layout as in DequantJob; MX
 // columnwise copies [K, C] are read transposed) into out [C, K] 16-bit with the fused kernel's

@@ -123,7 +123,7 @@ std::map<PlanKey, Plan>& plan_cache() {
 
 thread_local GemmCudaLastCall g_last_call;
 std::atomic<int> g_fused_max_ctas{0};  // set_gemm_fused_max_ctas (tests): grid cap, 0 = SMs
-std::atomic<int> g_fused_splits{0};    // set_gemm_fused_splits (tests): split count, 0 = model
+std::atomic<int> g_fused_parts{0};     // set_gemm_fused_parts (tests): 0 = model, 1 = none, n
 
 std::string describe(const LtProblem& p) {
   return fmt::format(
@@ -634,12 +634,44 @@ std::optional<gemm_kernels::FusedKind> fused_kind(const CanonGemm& g) {
 // into the permuted 16-bit copy (with the NVFP4 alpha' in the same launch), then one kernel
 // converts A' in its mainloop and adds beta · c and the bias in its epilogue. False when it does
 // not apply (then nothing ran and the caller takes the unfused path).
-bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
+//
+// A wgrad output wider than it is tall whose GEMM is cut along k (few tiles: 124m fc2's, 768 ×
+// 3072 over 16384 tokens) runs as its transpose when that qualifies too (the rules below then
+// judge the transposed problem; fprop / dgrad keep the measured rules as they are): the
+// operands swap roles, so that the 16-bit copy of B' (read by every row tile) is of the narrower
+// operand (25 MB instead of 100 MB at fc2), and the k-partition's reduction writes the result
+// transposed (the kernel itself only writes partial tiles).
+bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& out,
                         const GemmOptions& opt, const void* c_data, int64_t ldd) {
   const FusedDequant mode = gemm_fused_dequant();
   if (mode == FusedDequant::kOff) return false;
+  const auto qualifies = [](const CanonGemm& p) {
+    const std::optional<gemm_kernels::FusedKind> k = fused_kind(p);
+    return k && gemm_kernels::fused_gemm_shape_ok(*k, p.R, p.C, p.Kc);
+  };
+  if (!qualifies(g_in)) return false;
+  // The k-partition of a problem: forced (tests, the bench's --fused-parts: 1 = none) or the
+  // model's.
+  const auto parts_of = [](const CanonGemm& p) {
+    const int forced = g_fused_parts.load();
+    const int64_t steps = (p.R / gemm_kernels::kFusedTileR) * (p.C / gemm_kernels::kFusedTileC) *
+                          (p.Kc / 64);  // the kernel's tile k-steps
+    return forced == 1  ? 0
+           : forced > 1 ? int(std::min<int64_t>(forced, steps))
+                        : gemm_kernels::fused_gemm_parts(p.R, p.C, p.Kc);
+  };
+  CanonGemm g = g_in;
+  bool transposed = false;
+  if (g_in.role == GemmRole::kWgrad && g_in.C > g_in.R) {
+    CanonGemm s = g_in;
+    std::swap(s.a, s.b);
+    std::swap(s.R, s.C);
+    if (qualifies(s) && parts_of(s) > 0) {
+      g = s;
+      transposed = true;
+    }
+  }
   const std::optional<gemm_kernels::FusedKind> kind = fused_kind(g);
-  if (!kind || !gemm_kernels::fused_gemm_shape_ok(*kind, g.R, g.C, g.Kc)) return false;
   // The default takes NVFP4 pairs where the fused kernel was measured faster than
   // dequantization + cuBLASLt (bench/results/h100-2026-11-27/fused-gemm-final-0440/): outputs up
   // to 2048 wide (the bf16 copy of A' that the unfused path writes and re-reads costs more than
@@ -647,7 +679,8 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
   // (K ≥ 4096) and the tiles fill the GPU, so that there is no split-K (4096³, the 8b wgrads:
   // 0.90–1.00× BF16 against 0.86–0.94×; 8b proj fprop / dgrad 0.92 against 0.93, within the
   // noise). Wider outputs, or 3072 wide over K = 768 (124m fc1 fprop, fc2 dgrad: 0.83–0.84
-  // against 0.88–0.91) or with split-K (124m fc2 wgrad: 0.59 against 0.72), stay unfused.
+  // against 0.88–0.91), stay unfused; 124m fc2 wgrad (3072 wide, k-partitioned: 0.45 against
+  // 0.69) runs transposed instead, 768 wide: 0.89 (h100-2026-11-27/wgrad-parts-1010).
   //
   // MX pairs (bench/results/h100-2026-11-27/mx-fused-rule-0756/): fused where the output is at
   // most 2048 wide and the contraction longer than the output is wide (124m qkv / fc1 / head
@@ -689,12 +722,12 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
                a_data.view().str(), g.R, g.Kc / (nv ? 16 : 32));
 
   cudaStream_t stream = ctx.stream();
-  const int forced = g_fused_splits.load();
-  const int splits = forced > 0 ? std::min<int>(forced, int(g.Kc / 64))
-                                : gemm_kernels::fused_gemm_splits(g.R, g.C, g.Kc);
-  // Workspace: B' permuted (16-bit), the split-K partial sums (f32), alpha'/beta.
+  const int parts = parts_of(g);
+  // Workspace: B' permuted (16-bit), the k-partition's partial tiles (f32), alpha'/beta.
   const size_t buf_bytes = align_up(size_t(g.C) * size_t(g.Kc) * 2);
-  const size_t part_bytes = splits > 1 ? align_up(size_t(splits) * g.R * g.C * 4) : 0;
+  const size_t part_bytes =
+      align_up(size_t(gemm_kernels::fused_gemm_partial_tiles(g.R, g.C, parts)) *
+               gemm_kernels::kFusedTileR * gemm_kernels::kFusedTileC * 4);
   auto* ws = static_cast<char*>(ctx.workspace(buf_bytes + part_bytes + kAlign));
   auto* b_perm = reinterpret_cast<uint16_t*>(ws);
   auto* partial = reinterpret_cast<float*>(ws + buf_bytes);
@@ -741,8 +774,9 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
     fa.bias_bf16 = opt.bias->dtype == DType::kBF16;
   }
   fa.max_ctas = g_fused_max_ctas.load();
-  fa.splits = splits;
-  fa.partial = splits > 1 ? partial : nullptr;
+  fa.parts = parts;
+  fa.partial = parts > 0 ? partial : nullptr;
+  fa.out_transposed = transposed;
   gemm_kernels::fused_gemm(fa, stream);
 
   GemmCudaLastCall& last = g_last_call;
@@ -751,13 +785,14 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g, const TensorView& out,
   last.candidates = 1;
   last.bias_epilogue = opt.bias != nullptr;
   last.fused_dequant = true;
+  last.fused_transposed = transposed;
   return true;
 }
 
 }  // namespace
 
 void set_gemm_fused_max_ctas(int n) { g_fused_max_ctas.store(n); }
-void set_gemm_fused_splits(int n) { g_fused_splits.store(n); }
+void set_gemm_fused_parts(int n) { g_fused_parts.store(n); }
 
 void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const GemmOptions& opt) {
   LOWBIT_CHECK(ctx.on_gpu(), "gemm_cuda on a CPU context");

@@ -57,6 +57,9 @@ struct GemmCudaLastCall {
   // instead of dequantization + cuBLASLt (then candidates = 1, algo_index = 0, algo unset, and
   // bias_epilogue tells whether a bias was added in its epilogue).
   bool fused_dequant = false;
+  // The fused kernel ran the transposed problem (A' and B' swapped, the reduction writing out
+  // transposed): see try_fused_emulated.
+  bool fused_transposed = false;
 };
 GemmCudaLastCall gemm_cuda_last_call();
 
@@ -81,8 +84,9 @@ FusedDequant gemm_fused_dequant();
 // Caps the fused kernel's persistent grid at n CTAs (0: one per SM), so that tests reach several
 // tiles per CTA at small shapes.
 void set_gemm_fused_max_ctas(int n);
-// Forces the fused kernel's split-K count (0: its model's choice, fused_gemm_splits).
-void set_gemm_fused_splits(int n);
+// Forces the fused kernel's k-partition (0: its model's choice, fused_gemm_parts; 1: whole tiles;
+// n > 1: n parts).
+void set_gemm_fused_parts(int n);
 
 // CPU backend: f32 sgemm over the dequantized operands.
 void gemm_cpu(const CanonGemm& g, const TensorView& out, const GemmOptions& opt);

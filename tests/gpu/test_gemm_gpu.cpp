@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "gemm/fused_dequant_gemm.h"
 #include "gemm/gemm_cuda_kernels.h"
 #include "gemm/gemm_internal.h"
 #include "lowbit/core.h"
@@ -688,6 +689,101 @@ TEST_F(GpuGemm, DequantToBf16MatchesHostDecodeBitForBit) {
   }
 }
 
+// The fused kernel's B' copy (dequant_b_permuted) against a host decode of every element: NVFP4
+// as f16 · 2^-14 (exact, subnormal scales included), MX as bf16 (rowwise E4M3 / E5M2, NaN codes
+// included; the columnwise copy read transposed), each at its permuted position k = 64·kb + 16·c
+// + 4·kk + j → 64·kb + 16·kk + 2·c + (j & 1) + 8·(j >> 1); shapes whose last block or warp is
+// partial.
+TEST_F(GpuGemm, DequantBPermutedMatchesHostDecodeBitForBit) {
+  using gemm_kernels::DequantScales;
+  using gemm_kernels::FusedKind;
+  struct Case {
+    DType t;
+    DequantScales layout;
+    int64_t rows, cols;
+  };
+  const Case cases[] = {{DType::kE2M1, DequantScales::kNvfp4, 96, 4096},
+                        {DType::kE2M1, DequantScales::kNvfp4, 5, 192},
+                        {DType::kE4M3, DequantScales::kMxRowwise, 64, 1024},
+                        {DType::kE5M2, DequantScales::kMxRowwise, 3, 128},
+                        {DType::kE4M3, DequantScales::kMxColumnwise, 128, 256},
+                        {DType::kE5M2, DequantScales::kMxColumnwise, 64, 192}};
+  // f16 bits → value (exact).
+  const auto f16_value = [](uint16_t h) {
+    const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    const float mag = e == 0    ? std::ldexp(float(m), -24)
+                      : e == 31 ? (m != 0 ? NAN : INFINITY)
+                                : std::ldexp(float(1024 + m), e - 25);
+    return (h & 0x8000) != 0 ? -mag : mag;
+  };
+  std::mt19937 rng(23);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{} layout {} {}x{}", dtype_name(c.t), int(c.layout), c.rows, c.cols));
+    const bool nv = c.layout == DequantScales::kNvfp4;
+    const int64_t n = c.rows * c.cols, code_bytes = nv ? n / 2 : n;
+    const int64_t n_scales = nv                                      ? c.rows * (c.cols / 16)
+                             : c.layout == DequantScales::kMxRowwise ? c.rows * (c.cols / 32)
+                                                                     : (c.cols / 32) * c.rows;
+    std::vector<uint8_t> codes(code_bytes), scales(n_scales);
+    for (auto& b : codes) b = static_cast<uint8_t>(rng());
+    for (auto& b : scales) {
+      b = nv ? static_cast<uint8_t>(rng() % 0x7F) : static_cast<uint8_t>(100 + rng() % 50);
+      if (rng() % 97 == 0) b = nv ? 0x7F : 0xFF;
+    }
+    // want[r · cols + permuted k] as a value (NVFP4: times 2^-14).
+    std::vector<float> want(n);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      for (int64_t k = 0; k < c.cols; ++k) {
+        float v;
+        if (nv) {
+          const int64_t i = r * c.cols + k;
+          const uint32_t code = (codes[i / 2] >> (4 * (i % 2))) & 0xFu;
+          v = decode(DType::kE2M1, code) * decode(DType::kUE4M3, scales[i / 16]) *
+              std::ldexp(1.0f, -14);
+        } else if (c.layout == DequantScales::kMxRowwise) {
+          const int64_t i = r * c.cols + k;
+          v = bf16_to_f32(f32_to_bf16_rn(decode(c.t, codes[i]) *
+                                         decode_e8m0(scales[r * (c.cols / 32) + k / 32])));
+        } else {  // codes [cols, rows], scales [cols / 32, rows]
+          v = bf16_to_f32(f32_to_bf16_rn(decode(c.t, codes[k * c.rows + r]) *
+                                         decode_e8m0(scales[(k / 32) * c.rows + r])));
+        }
+        const int64_t kb = k / 64, cc = (k / 16) % 4, kk = (k / 4) % 4, j = k % 4;
+        want[r * c.cols + 64 * kb + 16 * kk + 2 * cc + (j & 1) + 8 * (j >> 1)] = v;
+      }
+    }
+    uint8_t *dcodes = nullptr, *dscales = nullptr;
+    uint16_t* dout = nullptr;
+    ASSERT_EQ(cudaMalloc(&dcodes, code_bytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dscales, n_scales), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dout, n * 2), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dcodes, codes.data(), code_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dscales, scales.data(), n_scales, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dout, 0xFF, n * 2), cudaSuccess);
+    const gemm_kernels::DequantJob job{dcodes, c.t, c.rows, c.cols, dscales, c.layout, dout};
+    const FusedKind kind = nv ? FusedKind::kNvfp4 : FusedKind::kE4M3;
+    gemm_kernels::dequant_b_permuted(job, kind, nullptr, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> got(n);
+    ASSERT_EQ(cudaMemcpy(got.data(), dout, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = nv ? f16_value(got[i]) : bf16_to_f32(got[i]);
+      const bool same = std::isnan(g) ? std::isnan(want[i])
+                                      : (g == want[i] && std::signbit(g) == std::signbit(want[i]));
+      if (!same && bad++ == 0) {
+        ADD_FAILURE() << "position " << i << " (row " << i / c.cols << ", col " << i % c.cols
+                      << "): got 0x" << std::hex << got[i] << std::dec << " = " << g << ", want "
+                      << want[i];
+      }
+    }
+    EXPECT_EQ(bad, 0);
+    cudaFree(dcodes);
+    cudaFree(dscales);
+    cudaFree(dout);
+  }
+}
+
 // A NaN block scale (E8M0 0xFF, UE4M3 0x7F) makes its rows NaN on the emulated path.
 TEST_F(GpuGemm, NanBlockScaleGivesNan) {
   Context ctx(Device::cuda(0));
@@ -1064,19 +1160,20 @@ TEST_F(GpuGemm, AutotuneWaitsForTheEndOfAGraphCapture) {
 namespace lowbit {
 namespace {
 
-// Sets the fused-dequantization switch (and the grid cap) for a scope, then restores them.
+// Sets the fused-dequantization switch (and the grid cap, and the k-partition: 0 the model's,
+// 1 none, n parts) for a scope, then restores them.
 class FusedScope {
  public:
-  explicit FusedScope(FusedDequant mode, int max_ctas = 0, int splits = 0)
+  explicit FusedScope(FusedDequant mode, int max_ctas = 0, int parts = 0)
       : prev_(gemm_fused_dequant()) {
     set_gemm_fused_dequant(mode);
     set_gemm_fused_max_ctas(max_ctas);
-    set_gemm_fused_splits(splits);
+    set_gemm_fused_parts(parts);
   }
   ~FusedScope() {
     set_gemm_fused_dequant(prev_);
     set_gemm_fused_max_ctas(0);
-    set_gemm_fused_splits(0);
+    set_gemm_fused_parts(0);
   }
   FusedScope(const FusedScope&) = delete;
   FusedScope& operator=(const FusedScope&) = delete;
@@ -1105,28 +1202,38 @@ Recipe recipe_named(const std::string& name) {
 
 // The fused kernel against the float64 reference: NVFP4 and MXFP8, every role where it applies
 // (the others run the unfused path and are checked alike), every fill; an odd number of k-steps;
-// a grid capped at 2 CTAs so that each walks several tiles through the ring; split-K as its
-// model picks it (these small problems: several splits), none, and an uneven 3.
+// a grid capped at 2 CTAs so that each walks several tiles (or parts) through the ring; the
+// k-partition as its model picks it (these small problems: more parts than tiles, so pieces of a
+// tile end and begin mid-tile), none, 3 parts (fewer than the tiles of most roles: a part spans
+// tiles) and 7 on a grid of 2.
 TEST_F(GpuGemm, FusedDequantGemmMatchesFloat64Reference) {
   if (!emulated_on_this_gpu()) GTEST_SKIP() << "sm_100+: MX / NVFP4 are not emulated";
   Context ctx(Device::cuda(0));
   struct Case {
     int64_t m, n, k;
-    int max_ctas, splits;
+    int max_ctas, parts;
   };
-  const std::vector<Case> cases = {{256, 512, 768, 0, 0},  {384, 256, 1280, 0, 0},
-                                   {128, 256, 576, 0, 1},  {512, 768, 256, 2, 1},
-                                   {256, 512, 1280, 0, 3}, {512, 768, 256, 2, 0}};
+  const std::vector<Case> cases = {
+      {256, 512, 768, 0, 0},  {384, 256, 1280, 0, 0}, {128, 256, 576, 0, 1}, {512, 768, 256, 2, 1},
+      {256, 512, 1280, 0, 3}, {512, 768, 256, 2, 0},  {384, 512, 640, 2, 7}};
   for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
     const Recipe rc = recipe_named(name);
     for (const Case& cs : cases) {
-      FusedScope fused(FusedDequant::kOn, cs.max_ctas, cs.splits);
+      FusedScope fused(FusedDequant::kOn, cs.max_ctas, cs.parts);
       for (Fill f : {Fill::kNormal, Fill::kHeavyTail, Fill::kCancel, Fill::kTiny, Fill::kZeros}) {
         const Problem p = make_problem(ctx, rc, cs.m, cs.n, cs.k, f, 300 + cs.m + cs.k);
         for (GemmRole role : kRoles) {
           check_role(ctx, rc, p.x, p.w, p.dy, cs.m, cs.n, cs.k, role, RunSpec{}, fill_name(f));
           EXPECT_EQ(g_checked_call.fused_dequant, fused_applies(rc, role, cs.m, cs.n, cs.k))
               << name << " " << gemm_role_name(role) << " " << cs.m << "x" << cs.n << "x" << cs.k;
+          // NVFP4 wgrads wider than tall (R = n < C = k) run transposed when cut along k (forced
+          // here; the model may also keep whole tiles for these small problems).
+          if (role == GemmRole::kWgrad && rc.name == "nvfp4" && cs.parts > 1 &&
+              g_checked_call.fused_dequant) {
+            EXPECT_EQ(g_checked_call.fused_transposed,
+                      cs.k > cs.n && cs.k % 128 == 0 && cs.n % 256 == 0)
+                << cs.m << "x" << cs.n << "x" << cs.k;
+          }
         }
       }
     }
@@ -1209,19 +1316,25 @@ TEST_F(GpuGemm, FusedDequantAutoRuleForWideOutputs) {
   }
 }
 
-// The fused kernel's general epilogue and the split-K reduction's: f32 and bf16 out, alpha, beta
-// into out and into a separate c, bias of either dtype; and NaN / inf operands.
+// The fused kernel's general epilogue and the k-partition reduction's: f32 and bf16 out, alpha,
+// beta into out and into a separate c, bias of either dtype; and NaN / inf operands.
 TEST_F(GpuGemm, FusedDequantGemmEpilogueAndSpecials) {
   if (!emulated_on_this_gpu()) GTEST_SKIP() << "sm_100+: MX / NVFP4 are not emulated";
   Context ctx(Device::cuda(0));
   const int64_t M = 256, N = 256, K = 512;
-  for (int splits : {1, 4}) {
-    SCOPED_TRACE(fmt::format("splits {}", splits));
-    FusedScope fused(FusedDequant::kOn, 0, splits);
+  for (int parts : {1, 4}) {
+    SCOPED_TRACE(fmt::format("parts {}", parts));
+    FusedScope fused(FusedDequant::kOn, 0, parts);
     for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
       const Recipe rc = recipe_named(name);
+      const bool nv = rc.name == "nvfp4";
+      // NVFP4 wgrad (R 256, C 512): with 4 parts it runs transposed (the reduction applies beta,
+      // c and the bias in the transposed orientation); MX wgrad is never fused.
+      const std::vector<GemmRole> roles =
+          nv ? std::vector<GemmRole>{GemmRole::kFprop, GemmRole::kDgrad, GemmRole::kWgrad}
+             : std::vector<GemmRole>{GemmRole::kFprop, GemmRole::kDgrad};
       const Problem p = make_problem(ctx, rc, M, N, K, Fill::kNormal, 91);
-      for (GemmRole role : {GemmRole::kFprop, GemmRole::kDgrad}) {
+      for (GemmRole role : roles) {
         std::vector<RunSpec> specs;
         RunSpec s;
         s.out = DType::kF32;
@@ -1244,16 +1357,16 @@ TEST_F(GpuGemm, FusedDequantGemmEpilogueAndSpecials) {
         for (const RunSpec& sp : specs) {
           check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, sp, "epilogue");
           EXPECT_TRUE(g_checked_call.fused_dequant);
+          EXPECT_EQ(g_checked_call.fused_transposed, role == GemmRole::kWgrad && parts == 4);
           if (sp.bias) {
             EXPECT_TRUE(g_checked_call.bias_epilogue);
           }
         }
       }
-      const bool nv = rc.name == "nvfp4";
       for (Fill f : {Fill::kNan, Fill::kNanInf}) {
         if (nv && f == Fill::kNanInf) continue;
         const Problem q = make_problem(ctx, rc, M, N, K, f, 556);
-        for (GemmRole role : {GemmRole::kFprop, GemmRole::kDgrad}) {
+        for (GemmRole role : roles) {
           for (DType out : {DType::kBF16, DType::kF32}) {
             RunSpec sp;
             sp.out = out;
