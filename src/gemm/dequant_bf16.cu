@@ -24,7 +24,6 @@ __device__ __forceinline__ float scale_value(const uint8_t* scales, DequantScale
                                              int64_t c, int64_t cols) {
   switch (layout) {
     case DequantScales::kMxRowwise: return decode_e8m0(scales[r * (cols / 32) + c / 32]);
-    case DequantScales::kMxColumnwise: return decode_e8m0(scales[(r / 32) * cols + c]);
     case DequantScales::kNvfp4: return decode(DType::kUE4M3, scales[r * (cols / 16) + c / 16]);
   }
   return 0.0f;
@@ -54,18 +53,11 @@ __global__ void dequant_kernel(const uint8_t* __restrict__ codes, DType t, int64
 #pragma unroll
       for (int i = 0; i < kVec; ++i) code[i] = ((i < 4 ? w.x : w.y) >> (8 * (i & 3))) & 0xFFu;
     }
-    // A group of 8 lies inside one 16/32-block along the row; the column-wise MX layout has a
-    // scale per column, so look each one up.
+    // A group of 8 lies inside one 16/32-block along the row: one scale.
     uint32_t packed[kVec / 2];
-    const float f_row =
-        layout == DequantScales::kMxColumnwise ? 0.0f : scale_value(scales, layout, r, c0, cols);
+    const float f0 = scale_value(scales, layout, r, c0, cols), f1 = f0;
 #pragma unroll
     for (int i = 0; i < kVec; i += 2) {
-      float f0 = f_row, f1 = f_row;
-      if (layout == DequantScales::kMxColumnwise) {
-        f0 = scale_value(scales, layout, r, c0 + i, cols);
-        f1 = scale_value(scales, layout, r, c0 + i + 1, cols);
-      }
       const float v0 = mul_rn(lut[code[i]], f0);
       const float v1 = mul_rn(lut[code[i + 1]], f1);
       const uint32_t b0 = __bfloat16_as_ushort(__float2bfloat16_rn(v0));
@@ -78,13 +70,13 @@ __global__ void dequant_kernel(const uint8_t* __restrict__ codes, DType t, int64
 
 // The same function over chunks of 16 elements of a row (cols % 16 == 0, fewer than 2^31
 // chunks): chunk i holds elements 16i .. 16i + 15 of the row-major array, so its codes, its
-// output and (rowwise layouts) its scale follow from i alone — no division except the row of the
-// column-wise MX layout. Codes 8 (E2M1) or 16 (FP8) bytes per chunk, output 32 bytes.
+// output and its scale follow from i alone — no division. Codes 8 (E2M1) or 16 (FP8) bytes per
+// chunk, output 32 bytes.
 struct Chunks16 {
   const uint8_t* codes = nullptr;
   const uint8_t* scales = nullptr;
   uint16_t* out = nullptr;
-  uint32_t chunks = 0, chunks_per_row = 0, cols = 0;
+  uint32_t chunks = 0;
   DType t = DType::kE2M1;
   DequantScales layout = DequantScales::kNvfp4;
 };
@@ -109,20 +101,11 @@ __device__ __forceinline__ void dequant16_run(const Chunks16& j, const float* lu
       for (int i = 0; i < 16; ++i) code[i] = (ws[i >> 2] >> (8 * (i & 3))) & 0xFFu;
     }
     float f[16];
-    if constexpr (kLayout == DequantScales::kMxColumnwise) {
-      // [rows/32, cols]: the 16 columns' scales of this chunk's 32-row group, one 16-byte load.
-      const uint32_t r = ch / j.chunks_per_row, c0 = (ch - r * j.chunks_per_row) * 16;
-      const uint4 sv = *reinterpret_cast<const uint4*>(scales + size_t(r / 32) * j.cols + c0);
-      const uint32_t ss[4] = {sv.x, sv.y, sv.z, sv.w};
+    // kNvfp4 [rows, cols/16]: scale index = chunk; kMxRowwise [rows, cols/32]: chunk / 2.
+    const float fs = kLayout == DequantScales::kNvfp4 ? decode(DType::kUE4M3, scales[ch])
+                                                      : decode_e8m0(scales[ch >> 1]);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) f[i] = decode_e8m0((ss[i >> 2] >> (8 * (i & 3))) & 0xFFu);
-    } else {
-      // kNvfp4 [rows, cols/16]: scale index = chunk; kMxRowwise [rows, cols/32]: chunk / 2.
-      const float fs = kLayout == DequantScales::kNvfp4 ? decode(DType::kUE4M3, scales[ch])
-                                                        : decode_e8m0(scales[ch >> 1]);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) f[i] = fs;
-    }
+    for (int i = 0; i < 16; ++i) f[i] = fs;
     uint32_t packed[8];
 #pragma unroll
     for (int i = 0; i < 16; i += 2) {
@@ -167,10 +150,6 @@ __global__ void __launch_bounds__(kThreads)
       fp4 ? dequant16_run<DequantScales::kMxRowwise, true>(j, lut, first, stride)
           : dequant16_run<DequantScales::kMxRowwise, false>(j, lut, first, stride);
       break;
-    case DequantScales::kMxColumnwise:
-      fp4 ? dequant16_run<DequantScales::kMxColumnwise, true>(j, lut, first, stride)
-          : dequant16_run<DequantScales::kMxColumnwise, false>(j, lut, first, stride);
-      break;
   }
 }
 
@@ -211,10 +190,8 @@ int grid_for(int64_t work) {
 
 // The fast path's preconditions (dequant16_kernel); other jobs run dequant_kernel.
 bool chunks16_ok(const DequantJob& d) {
-  const bool aligned =
-      reinterpret_cast<uintptr_t>(d.codes) % 16 == 0 &&
-      reinterpret_cast<uintptr_t>(d.out) % 16 == 0 &&
-      (d.layout != DequantScales::kMxColumnwise || reinterpret_cast<uintptr_t>(d.scales) % 16 == 0);
+  const bool aligned = reinterpret_cast<uintptr_t>(d.codes) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(d.out) % 16 == 0;
   return d.cols % 16 == 0 && d.rows * d.cols / 16 < (int64_t{1} << 31) && aligned &&
          (d.layout != DequantScales::kMxRowwise || d.cols % 32 == 0);
 }
@@ -225,8 +202,6 @@ Chunks16 chunks16_of(const DequantJob& d) {
   c.scales = d.scales;
   c.out = d.out;
   c.chunks = static_cast<uint32_t>(d.rows * d.cols / 16);
-  c.chunks_per_row = static_cast<uint32_t>(d.cols / 16);
-  c.cols = static_cast<uint32_t>(d.cols);
   c.t = d.t;
   c.layout = d.layout;
   return c;

@@ -650,45 +650,6 @@ __global__ void __launch_bounds__(256) dequant_perm_kernel(PermJob j, Nvfp4Alpha
   }
 }
 
-// MX columnwise copies (codes [K, C] bytes, scales [K/32, C]: B' transposed): one block per
-// 64 k × 64 rows of B'. The codes come in as 64-byte rows (coalesced), each thread converts the
-// 16 k of one B' row from shared memory, and the block writes its 64 rows × 128 bytes of output
-// from shared memory in 16-byte stores.
-__global__ void __launch_bounds__(256) dequant_perm_colwise_kernel(PermJob j, Nvfp4Alpha al) {
-  pdl::grid_sync();
-  if (al.out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
-    write_nvfp4_alpha(al);
-  __shared__ float lut[256];
-  __shared__ __align__(16) uint8_t codes[64][64];  // [k][row]
-  __shared__ __align__(16) uint16_t out[64][64];   // [row][permuted k]
-  const int t = threadIdx.x;
-  const int64_t k0 = int64_t(blockIdx.x) * 64, r0 = int64_t(blockIdx.y) * 64;
-  lut[t] = decode(j.t, uint32_t(t));
-  *reinterpret_cast<uint4*>(&codes[t / 4][16 * (t % 4)]) =
-      *reinterpret_cast<const uint4*>(j.codes + (k0 + t / 4) * j.rows + r0 + 16 * (t % 4));
-  __syncthreads();
-  const int r = t % 64, c4 = t / 64;  // a warp: 32 consecutive rows, one c4
-  const float sc = decode_e8m0(j.scales[((k0 + 16 * c4) / 32) * j.rows + r0 + r]);
-  uint32_t h[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    h[i] = __bfloat16_as_ushort(__float2bfloat16_rn(mul_rn(lut[codes[16 * c4 + i][r]], sc)));
-  }
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    *reinterpret_cast<uint32_t*>(&out[r][16 * kk + 2 * c4]) = h[4 * kk] | (h[4 * kk + 1] << 16);
-    *reinterpret_cast<uint32_t*>(&out[r][16 * kk + 2 * c4 + 8]) =
-        h[4 * kk + 2] | (h[4 * kk + 3] << 16);
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int e = t + 256 * i;  // 512 16-byte pieces: row e / 8, piece e % 8
-    *reinterpret_cast<uint4*>(j.out + (r0 + e / 8) * j.cols + k0 + 8 * (e % 8)) =
-        *reinterpret_cast<const uint4*>(&out[e / 8][8 * (e % 8)]);
-  }
-}
-
 // out = Σ_j partial[t + j] over the parts j that hold a piece of tile t, in the order of j
 // (deterministic) (+ beta · c) (+ bias), one rounding to out's type; the partials already carry
 // alpha. Four columns per thread (C % 256 == 0).
@@ -974,25 +935,18 @@ void dequant_b_permuted(const DequantJob& b, FusedKind kind, const Nvfp4Alpha* a
                int(b.layout));
   const PermJob j{b.codes, b.scales, b.out, b.rows, b.cols, b.t};
   const Nvfp4Alpha al = alpha != nullptr ? *alpha : Nvfp4Alpha{};
-  if (b.layout == DequantScales::kMxColumnwise) {
-    LOWBIT_CHECK(b.rows % 64 == 0 && b.rows / 64 <= 65535,
-                 "dequant_b_permuted: rows {} not a multiple of 64", b.rows);
-    pdl::launch(dequant_perm_colwise_kernel, dim3(unsigned(b.cols / 64), unsigned(b.rows / 64)),
-                256, 0, stream, j, al);
+  const int64_t units = b.rows * (b.cols / 64);
+  LOWBIT_CHECK(units / 256 < (int64_t{1} << 31), "dequant_b_permuted: {} x {} is too large", b.rows,
+               b.cols);
+  const unsigned grid = unsigned((units + 255) / 256);
+  if (nv) {
+    pdl::launch(dequant_perm_kernel<FusedKind::kNvfp4>, grid, 256, 0, stream, j, al);
+  } else if (b.t == DType::kE5M2) {
+    pdl::launch(dequant_perm_kernel<FusedKind::kE5M2>, grid, 256, 0, stream, j, al);
   } else {
-    const int64_t units = b.rows * (b.cols / 64);
-    LOWBIT_CHECK(units / 256 < (int64_t{1} << 31), "dequant_b_permuted: {} x {} is too large",
-                 b.rows, b.cols);
-    const unsigned grid = unsigned((units + 255) / 256);
-    if (nv) {
-      pdl::launch(dequant_perm_kernel<FusedKind::kNvfp4>, grid, 256, 0, stream, j, al);
-    } else if (b.t == DType::kE5M2) {
-      pdl::launch(dequant_perm_kernel<FusedKind::kE5M2>, grid, 256, 0, stream, j, al);
-    } else {
-      LOWBIT_CHECK(b.t == DType::kE4M3, "dequant_b_permuted: MX B' must hold FP8 codes, not {}",
-                   dtype_name(b.t));
-      pdl::launch(dequant_perm_kernel<FusedKind::kE4M3>, grid, 256, 0, stream, j, al);
-    }
+    LOWBIT_CHECK(b.t == DType::kE4M3, "dequant_b_permuted: MX B' must hold FP8 codes, not {}",
+                 dtype_name(b.t));
+    pdl::launch(dequant_perm_kernel<FusedKind::kE4M3>, grid, 256, 0, stream, j, al);
   }
   LOWBIT_CUDA_CHECK_LAUNCH();
 }

@@ -75,10 +75,10 @@ int fused_gemm_parts(int64_t R, int64_t C, int64_t K);
 // Partial tiles (128 × 256 f32 each) that `parts` > 0 needs: tiles + parts - 1.
 int64_t fused_gemm_partial_tiles(int64_t R, int64_t C, int parts);
 
-// B' [rows = C, cols = K] dequantized (the job's codes, scales and layout as in DequantJob; MX
-// columnwise copies [K, C] are read transposed) into out [C, K] 16-bit with the fused kernel's
-// k order: element k = 64·kb + 16·c + 4·kk + j is stored at 64·kb + 16·kk + 2·c + (j & 1) +
-// 8·(j >> 1). NVFP4 (f16): code · scale · 2^-14, exact; MX (bf16): code · 2^(e−127), as
+// B' [rows = C, cols = K] dequantized (the job's codes, scales and layout as in DequantJob,
+// K-contiguous like every copy; MX B' holds FP8 codes) into out [C, K] 16-bit with the fused
+// kernel's k order: element k = 64·kb + 16·c + 4·kk + j is stored at 64·kb + 16·kk + 2·c + (j & 1)
+// + 8·(j >> 1). NVFP4 (f16): code · scale · 2^-14, exact; MX (bf16): code · 2^(e−127), as
 // dequant_pair_to_bf16 rounds it. With `alpha`, block 0 also writes the NVFP4 alpha' (one
 // launch, PDL).
 void dequant_b_permuted(const DequantJob& b, FusedKind kind, const Nvfp4Alpha* alpha,

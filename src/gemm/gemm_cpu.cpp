@@ -42,20 +42,11 @@ std::vector<float> canon_operand_f32(const CanonOperand& op) {
   if (op.q != nullptr) {
     const Tensor d = dequantize(*op.q, op.usage);
     const float* p = d.ptr<const float>();
-    // Every copy is stored [rows, kc] except the MX columnwise copy, which keeps [kc, rows].
-    const bool stored_transposed =
-        op.usage == Usage::kColumnwise && op.q->mode == ScalingMode::kMX1x32;
-    LOWBIT_CHECK(d.shape() == (stored_transposed ? Shape{op.kc, op.rows} : Shape{op.rows, op.kc}),
+    // Every copy is stored [rows, kc] (columnwise copies transposed).
+    LOWBIT_CHECK(d.shape() == (Shape{op.rows, op.kc}),
                  "dequantized copy {} does not match the canonical operand [{}, {}]",
                  d.shape().str(), op.rows, op.kc);
-    if (!stored_transposed) {
-      std::memcpy(m.data(), p, m.size() * sizeof(float));
-    } else {
-      for (int64_t r = 0; r < op.rows; ++r) {
-        for (int64_t j = 0; j < op.kc; ++j)
-          m[static_cast<size_t>(r * op.kc + j)] = p[j * op.rows + r];
-      }
-    }
+    std::memcpy(m.data(), p, m.size() * sizeof(float));
     return m;
   }
   Tensor host;

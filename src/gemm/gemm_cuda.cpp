@@ -575,9 +575,9 @@ size_t emulated_bytes(const CanonOperand& o) {
   return o.q != nullptr ? align_up(size_t(o.rows) * size_t(o.kc) * 2) : 0;
 }
 
-// The dequantization of an MX / NVFP4 copy into `buf` (bf16, the copy's stored orientation),
-// set up in *job for the caller to launch, and the dense operand over buf. MX columnwise copies
-// are stored [kc, rows] (not transposed).
+// The dequantization of an MX / NVFP4 copy into `buf` (bf16, the copy's stored orientation,
+// [rows, kc] for every copy), set up in *job for the caller to launch, and the dense operand
+// over buf.
 LtOperand emulated_operand(const CanonOperand& o, uint16_t* buf, const float** nvfp4_amax,
                            gemm_kernels::DequantJob* job) {
   const QuantizedTensor& q = *o.q;
@@ -587,11 +587,8 @@ LtOperand emulated_operand(const CanonOperand& o, uint16_t* buf, const float** n
                o.usage == Usage::kRowwise ? "rowwise" : "columnwise", q.str());
   const int64_t sr = data.shape()[0], sc = data.shape()[1];
   gemm_kernels::DequantScales layout;
-  bool k_contiguous = true;
   if (q.mode == ScalingMode::kMX1x32) {
-    layout = o.usage == Usage::kRowwise ? gemm_kernels::DequantScales::kMxRowwise
-                                        : gemm_kernels::DequantScales::kMxColumnwise;
-    k_contiguous = o.usage == Usage::kRowwise;
+    layout = gemm_kernels::DequantScales::kMxRowwise;
   } else if (is_nvfp4_mode(q.mode)) {
     layout = gemm_kernels::DequantScales::kNvfp4;
     const Tensor& amax = copy_amax(o);
@@ -600,21 +597,21 @@ LtOperand emulated_operand(const CanonOperand& o, uint16_t* buf, const float** n
   } else {
     throw_internal(__FILE__, __LINE__, fmt::format("gemm_cuda: emulated backend got {}", q.str()));
   }
-  LOWBIT_CHECK(k_contiguous ? (sr == o.rows && sc == o.kc) : (sr == o.kc && sc == o.rows),
-               "gemm_cuda: copy {} does not match rows {} kc {}", data.view().str(), o.rows, o.kc);
+  LOWBIT_CHECK(sr == o.rows && sc == o.kc, "gemm_cuda: copy {} does not match rows {} kc {}",
+               data.view().str(), o.rows, o.kc);
   *job = gemm_kernels::DequantJob{data.ptr<const uint8_t>(),  q.dtype, sr, sc,
                                   scale.ptr<const uint8_t>(), layout,  buf};
   LtOperand l;
   l.ptr = buf;
   l.dtype = DType::kBF16;
-  l.k_contiguous = k_contiguous;
+  l.k_contiguous = true;
   l.rows = o.rows;
   l.ld = sc;
   return l;
 }
 
 // The fused-dequantization kernel's operand kind for A' (and B'), or none when the pair does not
-// qualify: two NVFP4 operands, or two MX operands with FP8 codes, A''s copy K-contiguous.
+// qualify: two NVFP4 operands, or two MX operands with FP8 codes (every copy is K-contiguous).
 std::optional<gemm_kernels::FusedKind> fused_kind(const CanonGemm& g) {
   if (g.a.q == nullptr || g.b.q == nullptr) return std::nullopt;
   const QuantizedTensor& a = *g.a.q;
@@ -622,7 +619,7 @@ std::optional<gemm_kernels::FusedKind> fused_kind(const CanonGemm& g) {
   if (is_nvfp4_mode(a.mode) && is_nvfp4_mode(b.mode)) return gemm_kernels::FusedKind::kNvfp4;
   const auto fp8 = [](DType t) { return t == DType::kE4M3 || t == DType::kE5M2; };
   if (a.mode == ScalingMode::kMX1x32 && b.mode == ScalingMode::kMX1x32 && fp8(a.dtype) &&
-      fp8(b.dtype) && g.a.usage == Usage::kRowwise) {
+      fp8(b.dtype)) {
     return a.dtype == DType::kE4M3 ? gemm_kernels::FusedKind::kE4M3
                                    : gemm_kernels::FusedKind::kE5M2;
   }
@@ -685,16 +682,14 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
   // MX pairs (bench/results/h100-2026-11-27/mx-fused-rule-0756/): fused where the output is at
   // most 2048 wide and the contraction longer than the output is wide (124m qkv / fc1 / head
   // dgrad, fc2 fprop: 0.80–0.90× BF16 against 0.64–0.69× unfused; 1b alike, +0.02–0.11), or as
-  // long with B' a rowwise copy (124m proj fprop 0.74 against 0.69; its dgrad, whose MX
-  // columnwise B' takes the transposing dequantization, 0.62 against 0.69 stays unfused).
-  // Wider outputs over shorter contractions run faster unfused (124m qkv / fc1 / head fprop
-  // 0.72–0.74 against 0.85–0.98).
+  // long (124m proj fprop 0.74 against 0.69; its dgrad 44 against 46 µs in
+  // h100-2026-11-27/wgrad-parts-1010/ncu_kernel_times.txt). Wider outputs over shorter
+  // contractions run faster unfused (124m qkv / fc1 / head fprop 0.72–0.74 against 0.85–0.98).
   const bool nv = *kind == gemm_kernels::FusedKind::kNvfp4;
-  const bool b_rowwise = g.b.usage == Usage::kRowwise || nv;  // NVFP4 copies are K-contiguous
   const bool fills = (g.R / gemm_kernels::kFusedTileR) * (g.C / gemm_kernels::kFusedTileC) >=
                      gemm_kernels::fused_gemm_sm_count();
-  const bool worth = nv ? g.C <= 2048 || (g.C <= 4096 && g.Kc >= 4096 && fills)
-                        : g.C <= 2048 && (g.Kc > g.C || (g.Kc == g.C && b_rowwise));
+  const bool worth =
+      nv ? g.C <= 2048 || (g.C <= 4096 && g.Kc >= 4096 && fills) : g.C <= 2048 && g.Kc >= g.C;
   if (mode == FusedDequant::kAuto && !worth) return false;
   const Tensor& a_data = copy_data(g.a);
   const Tensor& a_scale = copy_scale(g.a);
@@ -707,12 +702,13 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
     return reinterpret_cast<uintptr_t>(p) % n == 0;
   };
   if (ldd % 8 != 0 || !aligned(out.data, 16) || (c_data != nullptr && !aligned(c_data, 16)) ||
-      !aligned(a_data.data(), 16) || !aligned(a_scale.data(), 4) || !aligned(b_data.data(), 16)) {
+      !aligned(a_data.data(), 16) || !aligned(a_scale.data(), 4) || !aligned(b_data.data(), 16) ||
+      !aligned(b_scale.data(), 4)) {
     return false;
   }
   const int64_t br = b_data.shape()[0], bc = b_data.shape()[1];
-  LOWBIT_CHECK(b_rowwise ? (br == g.C && bc == g.Kc) : (br == g.Kc && bc == g.C),
-               "gemm_cuda: copy {} does not match rows {} kc {}", b_data.view().str(), g.C, g.Kc);
+  LOWBIT_CHECK(br == g.C && bc == g.Kc, "gemm_cuda: copy {} does not match rows {} kc {}",
+               b_data.view().str(), g.C, g.Kc);
   // A' is K-contiguous (fused_kind) with the compact scale layout the kernel reads: one scale per
   // 16 (NVFP4) or 32 (MX) elements of a row.
   LOWBIT_CHECK(a_data.shape()[0] == g.R && a_data.shape()[1] == g.Kc,
@@ -739,9 +735,7 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
   job.rows = g.C;
   job.cols = g.Kc;
   job.scales = b_scale.ptr<const uint8_t>();
-  job.layout = nv ? gemm_kernels::DequantScales::kNvfp4
-                  : (b_rowwise ? gemm_kernels::DequantScales::kMxRowwise
-                               : gemm_kernels::DequantScales::kMxColumnwise);
+  job.layout = nv ? gemm_kernels::DequantScales::kNvfp4 : gemm_kernels::DequantScales::kMxRowwise;
   job.out = b_perm;
   gemm_kernels::Nvfp4Alpha alpha;
   if (nv) {

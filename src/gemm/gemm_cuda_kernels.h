@@ -12,9 +12,8 @@ namespace lowbit::gemm_kernels {
 
 // How the block scales of a copy are laid out (compact layouts of quant_layout()).
 enum class DequantScales : uint8_t {
-  kMxRowwise,     // E8M0 [rows, cols/32]: one scale per 32 along a stored row
-  kMxColumnwise,  // E8M0 [rows/32, cols]: one scale per 32 along a stored column
-  kNvfp4,         // UE4M3 [rows, cols/16]: one scale per 16 along a stored row
+  kMxRowwise,  // E8M0 [rows, cols/32]: one scale per 32 along a stored row (every MX copy)
+  kNvfp4,      // UE4M3 [rows, cols/16]: one scale per 16 along a stored row
 };
 
 // One copy to dequantize: out [rows, cols] bf16 (row-major, contiguous) = decode(code) ·

@@ -11,9 +11,8 @@ namespace lowbit {
 
 // A' or B' of the canonical problem: logically [rows, kc], contiguous along kc.
 struct CanonOperand {
-  // Quantized operand: the copy to use (its data is [rows, kc] in the payload's packing; its
-  // scales are in the layouts of quant_layout()). Exception: a kMX1x32 columnwise copy is not
-  // transposed (docs/quantization.md "Orientation"), so its data is [kc, rows].
+  // Quantized operand: the copy to use (its data is [rows, kc] in the payload's packing, every
+  // columnwise copy being stored transposed; its scales are in the layouts of quant_layout()).
   const QuantizedTensor* q = nullptr;
   Usage usage = Usage::kRowwise;
   // Dense operand (bf16 or f32): the tensor in its natural layout; A'/B' is `dense` itself

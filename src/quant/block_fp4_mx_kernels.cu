@@ -1,7 +1,8 @@
 // MX quantization kernels (E8M0 scale per 32 elements; formats.md §2.5).
 //
 // mx_kernel: one thread block quantizes a 64×64 tile staged in shared memory as fp32
-// (block_tile.cuh): rowwise 1×32 blocks along K, columnwise 32×1 blocks along M (not transposed).
+// (block_tile.cuh): rowwise 1×32 blocks along K, columnwise 32×1 blocks along M, stored
+// transposed ([K, M]: the rowwise blocks of x^T).
 // Every number comes from the shared scale math (quant/scale_math.h), so the results equal the CPU
 // twin bit for bit. v10 adds an MXFP8 kernel for bf16 full tiles that stages bf16 granules instead
 // of fp32 scalars (see the comment at mx8_v10_kernel). The NVFP4 kernels live in nvfp4_kernels.cu.
@@ -28,8 +29,8 @@ struct MxArgs {
   RngKey row_key, col_key;
   uint8_t* q;         // [M, K] codes (E2M1 packed)
   uint8_t* q_scale;   // [M, K/32] e8m0
-  uint8_t* qc;        // [M, K] columnwise codes, not transposed
-  uint8_t* qc_scale;  // [M/32, K] e8m0
+  uint8_t* qc;        // [K, M] columnwise codes (transposed; E2M1 packed along M)
+  uint8_t* qc_scale;  // [K, M/32] e8m0
 };
 
 template <typename T, DType kType, bool kSR>
@@ -72,15 +73,16 @@ __global__ void __launch_bounds__(kThreads) mx_kernel(const T* __restrict__ x, M
       am = amax_combine(am, v[i]);
     }
     const uint8_t e = mx_scale(am, kType, a.rounding);
-    quantize_block<32, kType, kSR>(v, mx_multiplier(e), a.col_key, (m0 + b * 32) * a.K + k0 + kk,
-                                   a.K, codes);
+    // Element m of row k of the transposed copy: logical index k·M + m.
+    quantize_block<32, kType, kSR>(v, mx_multiplier(e), a.col_key, (k0 + kk) * a.M + m0 + b * 32, 1,
+                                   codes);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) s.cc[b * 32 + i][kk] = codes[i];
-    if (k0 + kk < a.K && m0 + b * 32 < a.M) a.qc_scale[(m0 / 32 + b) * a.K + k0 + kk] = e;
+    for (int i = 0; i < 32; ++i) s.cc[kk][b * 32 + i] = codes[i];  // [k][m]: transposed
+    if (k0 + kk < a.K && m0 + b * 32 < a.M) a.qc_scale[(k0 + kk) * (a.M / 32) + m0 / 32 + b] = e;
   }
   __syncthreads();
   if (a.rowwise) store_codes(s.rc, kType, a.q, a.M, a.K, m0, k0);
-  if (a.columnwise) store_codes(s.cc, kType, a.qc, a.M, a.K, m0, k0);
+  if (a.columnwise) store_codes(s.cc, kType, a.qc, a.K, a.M, k0, m0);
 }
 
 // MXFP8 v10: E4M3/E5M2, round to nearest, bf16 source, full 64×64 tiles. Thread t loads row
@@ -91,18 +93,20 @@ __global__ void __launch_bounds__(kThreads) mx_kernel(const T* __restrict__ x, M
 // g ^ (r & 1) ^ 2·((r / 8) % 4); thread task = column pair p (one 4-byte word per row),
 // M-block mb, rows 8·qq .. +8 of the block (lane = qq + 4·(p % 8), so the 4 quarters of a
 // block are lanes of one warp: amax by two shuffles; the 4 rows a warp reads per instruction
-// then lie on different banks). Column codes are staged per row (16-byte chunk c of row r at
-// c ^ ((r / 8) % 4)) and written as 16 bytes per thread. Every value is the same operation on
-// the same operands as in mx_kernel (v8).
+// then lie on different banks). The column codes go to the transposed copy: the thread's 8 codes
+// of column 2p (2p + 1) are 8 contiguous bytes of row 2p (2p + 1) of the [K, M] tile, staged as
+// 8-byte units (unit u of row k at u ^ ((k / 2) % 8)) and written as 16 bytes per thread. Every
+// value is the same operation on the same operands as in mx_kernel (v8).
 // kKFast (v15): blockIdx.x walks K and blockIdx.y M, so the blocks resident together read (and
 // write) long runs of the same rows instead of 64-row bands spread over every row of a tall
-// tensor (nothing here is transposed, so M-fastest buys no write locality).
+// tensor; taken for the rowwise copy alone (the transposed columnwise copy wants M fastest: the
+// blocks resident together then write adjacent parts of the same transposed rows).
 template <bool kE5M2, bool kKFast = false>
 __global__ void __launch_bounds__(kThreads)
     mx8_v10_kernel(const uint16_t* __restrict__ x, MxArgs a) {
   constexpr DType kType = kE5M2 ? DType::kE5M2 : DType::kE4M3;
   __shared__ uint4 tile[kT][kT / 8];  // bf16 granules, swizzled (8 KB)
-  __shared__ uint4 cc[kT][kT / 16];   // columnwise codes, 16-byte chunks, swizzled (4 KB)
+  __shared__ uint2 cc[kT][kT / 8];    // columnwise codes [k][m], 8-byte units, swizzled (4 KB)
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int64_t m0 = int64_t(kKFast ? blockIdx.y : blockIdx.x) * kT;
   const int64_t k0 = int64_t(kKFast ? blockIdx.x : blockIdx.y) * kT;
@@ -162,21 +166,26 @@ __global__ void __launch_bounds__(kThreads)
   }
   const uint8_t ea = mx_scale(ama, kType, a.rounding), eb = mx_scale(amb, kType, a.rounding);
   const float ma = mx_multiplier(ea), mbm = mx_multiplier(eb);
+  uint32_t ca[2] = {0u, 0u}, cb[2] = {0u, 0u};  // codes of columns 2p, 2p + 1, m = 8·qq + i
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int rr = 32 * mb + 8 * qq + i;
     const uint32_t pair = cvt_fp8x2(mul_rn(va[i], ma), mul_rn(vb[i], mbm), kE5M2);
-    // Byte 2p of row rr: chunk p / 8, offset 2·(p % 8) in it.
-    uint8_t* row = reinterpret_cast<uint8_t*>(&cc[rr][0]);
-    *reinterpret_cast<uint16_t*>(row + 16 * ((p >> 3) ^ ((rr >> 3) & 3)) + 2 * (p & 7)) =
-        uint16_t(pair);
+    ca[i >> 2] |= (pair & 0xFFu) << (8 * (i & 3));
+    cb[i >> 2] |= ((pair >> 8) & 0xFFu) << (8 * (i & 3));
   }
-  if (qq == 0) {
-    *reinterpret_cast<uint16_t*>(a.qc_scale + (m0 / 32 + mb) * a.K + k0 + 2 * p) =
-        uint16_t(ea | (uint32_t(eb) << 8));
+  const int u = (4 * mb + qq) ^ (p & 7);  // unit of rows 2p and 2p + 1 ((k / 2) % 8 = p % 8)
+  cc[2 * p][u] = make_uint2(ca[0], ca[1]);
+  cc[2 * p + 1][u] = make_uint2(cb[0], cb[1]);
+  if (qq == 0) {  // rows k0 + 2p, + 1 of the [K, M/32] scales, M-block m0 / 32 + mb
+    a.qc_scale[(k0 + 2 * p) * (a.M / 32) + m0 / 32 + mb] = ea;
+    a.qc_scale[(k0 + 2 * p + 1) * (a.M / 32) + m0 / 32 + mb] = eb;
   }
   __syncthreads();
-  *reinterpret_cast<uint4*>(a.qc + (m0 + r) * a.K + k0 + 16 * c4) = cc[r][c4 ^ ((r >> 3) & 3)];
+  // Row r (= k0 + r of the copy), m = 16·c4 … +15: units 2·c4 and 2·c4 + 1.
+  const int su = (r >> 1) & 7;
+  const uint2 lo = cc[r][(2 * c4) ^ su], hi = cc[r][(2 * c4 + 1) ^ su];
+  *reinterpret_cast<uint4*>(a.qc + (k0 + r) * a.M + m0 + 16 * c4) =
+      make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
 
 }  // namespace
@@ -206,9 +215,10 @@ void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, boo
       (t == DType::kE4M3 || t == DType::kE5M2) && M % kT == 0 && K % kT == 0 &&
       reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     const auto* xb = reinterpret_cast<const uint16_t*>(x);
-    // v15: K-fastest block order where M / 64 fits the grid's y extent (LOWBIT_QUANT_KERNELS=v14
-    // keeps M fastest).
-    if (quant_kernels_version() >= 15 && M / kT <= 65535) {
+    // v15: K-fastest block order for the rowwise copy alone, where M / 64 fits the grid's y
+    // extent (LOWBIT_QUANT_KERNELS=v14 keeps M fastest); the transposed columnwise copy takes M
+    // fastest.
+    if (quant_kernels_version() >= 15 && !columnwise && M / kT <= 65535) {
       const dim3 grid_k(unsigned(K / kT), unsigned(M / kT));
       if (t == DType::kE5M2) {
         mx8_v10_kernel<true, true><<<grid_k, kThreads, 0, stream>>>(xb, a);

@@ -31,10 +31,8 @@ Tensor dequantize_ref(const QuantizedTensor& q, Usage usage) {
           f = scale
                   .ptr<const float>()[blk128_scale_index(r / 128, c / 128, ceil_div(c_count, 128))];
           break;
-        case ScalingMode::kMX1x32:
-          // Rowwise [M, K/32]; columnwise (not transposed) [M/32, K].
-          f = row ? decode_e8m0(scale.ptr<const uint8_t>()[r * (c_count / 32) + c / 32])
-                  : decode_e8m0(scale.ptr<const uint8_t>()[(r / 32) * c_count + c]);
+        case ScalingMode::kMX1x32:  // [rows, cols / 32] of the stored copy (columnwise: [K, M/32])
+          f = decode_e8m0(scale.ptr<const uint8_t>()[r * (c_count / 32) + c / 32]);
           break;
         case ScalingMode::kNVFP4_1x16:
         case ScalingMode::kNVFP4_16x16: {

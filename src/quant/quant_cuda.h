@@ -92,8 +92,8 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
            uint8_t* qt_scale, float* amax_row, float* amax_col, bool amax_ready, uint32_t* acc,
            cudaStream_t stream);
 
-// MX (E8M0 per 32): rowwise q [M, K] with scales [M, K/32]; columnwise qc [M, K] (not
-// transposed) with scales [M/32, K]. E2M1 payloads are packed two per byte.
+// MX (E8M0 per 32): rowwise q [M, K] with scales [M, K/32]; columnwise qc [K, M] (transposed:
+// the rowwise blocks of x^T) with scales [K, M/32]. E2M1 payloads are packed two per byte.
 template <typename T>
 void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, bool rowwise,
         bool columnwise, bool sr, RngKey row_key, RngKey col_key, uint8_t* q, uint8_t* q_scale,

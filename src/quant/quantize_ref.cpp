@@ -199,53 +199,44 @@ void quantize_block_128x128(const TensorView& x, const QuantConfig& cfg, const S
 
 // --- MX 1×32 / 32×1 (§2.5) ---------------------------------------------------------------------
 
-void quantize_mx(const TensorView& x, const QuantConfig& cfg, const SrStream& row_sr,
-                 const SrStream& col_sr, QuantizedTensor& out) {
-  const int64_t m = x.size(0), k = x.size(1);
-  const std::vector<float> v = load_f32(x, false);  // [M, K]
+// 1×32 blocks along the rows of v [R, C]: data [R, C] (E2M1 packed along C), scales [R, C/32]
+// e8m0; element (r, c) has logical (Philox) index r·C + c.
+void mx_blocks_1d(const std::vector<float>& v, int64_t r_count, int64_t c_count,
+                  const QuantConfig& cfg, const SrStream& sr, Tensor& data, Tensor& scale) {
   const DType t = cfg.dtype;
-  if (cfg.rowwise) {
-    out.rowwise_data = Tensor::zeros({m, k}, t, Device::cpu());  // [M, K]
-    out.rowwise_scale_inv = Tensor::zeros({m, k / kMxBlock}, DType::kE8M0, Device::cpu());
-    uint8_t* q = out.rowwise_data.ptr<uint8_t>();
-    uint8_t* sc = out.rowwise_scale_inv.ptr<uint8_t>();  // [M, K/32] e8m0
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t b = 0; b < k / kMxBlock; ++b) {
-        float amax = 0.0f;
-        for (int64_t j = b * kMxBlock; j < (b + 1) * kMxBlock; ++j) {
-          amax = amax_combine(amax, v[i * k + j]);
-        }
-        const uint8_t e = mx_scale(amax, t, cfg.mx_rounding);
-        sc[i * (k / kMxBlock) + b] = e;
-        const float mult = mx_multiplier(e);  // exact power of two: x · mult is exact
-        for (int64_t j = b * kMxBlock; j < (b + 1) * kMxBlock; ++j) {
-          const int64_t idx = i * k + j;
-          put_code(q, t, idx, quantize_element(t, v[idx], mult, row_sr.on, row_sr.bits(idx)));
-        }
+  data = Tensor::zeros({r_count, c_count}, t, Device::cpu());
+  scale = Tensor::zeros({r_count, c_count / kMxBlock}, DType::kE8M0, Device::cpu());
+  uint8_t* q = data.ptr<uint8_t>();
+  uint8_t* sc = scale.ptr<uint8_t>();
+  for (int64_t i = 0; i < r_count; ++i) {
+    for (int64_t b = 0; b < c_count / kMxBlock; ++b) {
+      float amax = 0.0f;
+      for (int64_t j = b * kMxBlock; j < (b + 1) * kMxBlock; ++j) {
+        amax = amax_combine(amax, v[i * c_count + j]);
+      }
+      const uint8_t e = mx_scale(amax, t, cfg.mx_rounding);
+      sc[i * (c_count / kMxBlock) + b] = e;
+      const float mult = mx_multiplier(e);  // exact power of two: x · mult is exact
+      for (int64_t j = b * kMxBlock; j < (b + 1) * kMxBlock; ++j) {
+        const int64_t idx = i * c_count + j;
+        put_code(q, t, idx, quantize_element(t, v[idx], mult, sr.on, sr.bits(idx)));
       }
     }
   }
+}
+
+void quantize_mx(const TensorView& x, const QuantConfig& cfg, const SrStream& row_sr,
+                 const SrStream& col_sr, QuantizedTensor& out) {
+  const int64_t m = x.size(0), k = x.size(1);
+  if (cfg.rowwise) {
+    const std::vector<float> v = load_f32(x, false);  // [M, K]
+    mx_blocks_1d(v, m, k, cfg, row_sr, out.rowwise_data, out.rowwise_scale_inv);
+  }
   if (cfg.columnwise) {
-    // 32×1 blocks along M from the source; the payload is NOT transposed (§2.5).
-    out.columnwise_data = Tensor::zeros({m, k}, t, Device::cpu());  // [M, K]
-    out.columnwise_scale_inv = Tensor::zeros({m / kMxBlock, k}, DType::kE8M0, Device::cpu());
-    uint8_t* q = out.columnwise_data.ptr<uint8_t>();
-    uint8_t* sc = out.columnwise_scale_inv.ptr<uint8_t>();  // [M/32, K] e8m0
-    for (int64_t b = 0; b < m / kMxBlock; ++b) {
-      for (int64_t j = 0; j < k; ++j) {
-        float amax = 0.0f;
-        for (int64_t i = b * kMxBlock; i < (b + 1) * kMxBlock; ++i) {
-          amax = amax_combine(amax, v[i * k + j]);
-        }
-        const uint8_t e = mx_scale(amax, t, cfg.mx_rounding);
-        sc[b * k + j] = e;
-        const float mult = mx_multiplier(e);
-        for (int64_t i = b * kMxBlock; i < (b + 1) * kMxBlock; ++i) {
-          const int64_t idx = i * k + j;  // logical index of the [M, K] columnwise copy
-          put_code(q, t, idx, quantize_element(t, v[idx], mult, col_sr.on, col_sr.bits(idx)));
-        }
-      }
-    }
+    // 32×1 blocks along M, stored transposed: the rowwise blocks of x^T [K, M] (§2.5; Hopper's
+    // GEMMs want both operands K-contiguous, and Blackwell's take that layout too).
+    const std::vector<float> vt = load_f32(x, true);  // [K, M]
+    mx_blocks_1d(vt, k, m, cfg, col_sr, out.columnwise_data, out.columnwise_scale_inv);
   }
 }
 

@@ -208,8 +208,9 @@ void check_quant_config(const TensorView& x, const QuantConfig& cfg) {
 
 QuantLayout quant_layout(ScalingMode mode, DType dtype, int64_t m, int64_t k, Usage usage) {
   const bool row = usage == Usage::kRowwise;
-  // Transposed columnwise copies are [K, M]; only MX keeps [M, K] (Blackwell takes NN/NT).
-  const bool transposed = !row && mode != ScalingMode::kMX1x32;
+  // Columnwise copies are stored transposed, [K, M]: every one is then K-contiguous for its GEMM
+  // (the TN layout that Hopper's FP8 / emulated paths need and Blackwell takes too).
+  const bool transposed = !row;
   QuantLayout l;
   l.data_dtype = dtype;
   l.data_shape = transposed ? Shape{k, m} : Shape{m, k};
@@ -233,8 +234,8 @@ QuantLayout quant_layout(ScalingMode mode, DType dtype, int64_t m, int64_t k, Us
       break;
     case ScalingMode::kMX1x32:
       l.scale_dtype = DType::kE8M0;
-      l.scale_shape = row ? Shape{m, k / 32} : Shape{m / 32, k};
-      l.scale_desc = row ? "[M, K/32] (compact)" : "[M/32, K] (compact)";
+      l.scale_shape = row ? Shape{m, k / 32} : Shape{k, m / 32};
+      l.scale_desc = row ? "[M, K/32] (compact)" : "[K, M/32] (compact)";
       break;
     case ScalingMode::kNVFP4_1x16:
     case ScalingMode::kNVFP4_16x16:
@@ -398,20 +399,8 @@ Tensor gemm_block_scales(const QuantizedTensor& q, Usage usage) {
   LOWBIT_USER_CHECK(row ? q.has_rowwise() : q.has_columnwise(),
                     "gemm_block_scales: {} has no {} copy", q.str(),
                     row ? "rowwise" : "columnwise");
-  const Tensor& s = row ? q.rowwise_scale_inv : q.columnwise_scale_inv;
-  if (row || q.mode != ScalingMode::kMX1x32) return swizzle_block_scales(s);
-  // MX columnwise scales [M/32, K]: the GEMM's rows are the K index, its K-blocks the M blocks.
-  if (s.device().is_cuda()) {
-    const Tensor host = gemm_block_scales(copy_quantized(q, Device::cpu()), usage);
-    return Tensor::copy_of(host.view(), s.device());
-  }
-  const int64_t mb = s.shape()[0], k = s.shape()[1];
-  Tensor t = Tensor::empty({k, mb}, s.dtype(), Device::cpu());  // [K, M/32]
-  for (int64_t i = 0; i < mb; ++i) {
-    for (int64_t j = 0; j < k; ++j)
-      t.ptr<uint8_t>()[j * mb + i] = s.ptr<const uint8_t>()[i * k + j];
-  }
-  return swizzle_block_scales(t);
+  // Compact scales are [rows, blocks] of their copy's stored (K-contiguous) orientation.
+  return swizzle_block_scales(row ? q.rowwise_scale_inv : q.columnwise_scale_inv);
 }
 
 }  // namespace lowbit

@@ -137,9 +137,8 @@ inline float dequant_factor_at(const QuantizedTensor& q, Usage u, int64_t r, int
       const int64_t kb = (cols + 127) / 128;
       return s.ptr<const float>()[(r / 128) * ((kb + 3) / 4 * 4) + c / 128];
     }
-    case ScalingMode::kMX1x32:
-      return decode_e8m0(row ? s.ptr<const uint8_t>()[r * (cols / 32) + c / 32]
-                             : s.ptr<const uint8_t>()[(r / 32) * cols + c]);
+    case ScalingMode::kMX1x32:  // [rows, cols / 32] of either stored copy
+      return decode_e8m0(s.ptr<const uint8_t>()[r * (cols / 32) + c / 32]);
     case ScalingMode::kNVFP4_1x16:
     case ScalingMode::kNVFP4_16x16: {
       const float amax = (row ? q.amax : q.columnwise_amax).ptr<const float>()[0];

@@ -96,8 +96,8 @@ TEST(QuantLayout, ShapesPerMode) {
   l = quant_layout(ScalingMode::kBlock128x128, DType::kE4M3, 300, 65, Usage::kColumnwise);
   EXPECT_EQ(l.scale_shape, (Shape{1, 4}));
   l = quant_layout(ScalingMode::kMX1x32, DType::kE2M1, 64, 96, Usage::kColumnwise);
-  EXPECT_EQ(l.data_shape, (Shape{64, 96}));  // not transposed
-  EXPECT_EQ(l.scale_shape, (Shape{2, 96}));
+  EXPECT_EQ(l.data_shape, (Shape{96, 64}));  // transposed, like every columnwise copy
+  EXPECT_EQ(l.scale_shape, (Shape{96, 2}));
   EXPECT_EQ(l.scale_dtype, DType::kE8M0);
   l = quant_layout(ScalingMode::kNVFP4_1x16, DType::kE2M1, 64, 96, Usage::kColumnwise);
   EXPECT_EQ(l.data_shape, (Shape{96, 64}));  // transposed
@@ -158,8 +158,8 @@ TEST(QuantValidate, ReportsTheFirstBadField) {
   QuantizedTensor mx;
   quantize(ctx, x, QuantConfig::mx(), mx);
   q = mx;
-  q.columnwise_data = Tensor::zeros({96, 64}, DType::kE4M3, Device::cpu());
-  expect_invalid(q, "columnwise_data must be e4m3[64, 96]");
+  q.columnwise_data = Tensor::zeros({64, 96}, DType::kE4M3, Device::cpu());
+  expect_invalid(q, "columnwise_data must be e4m3[96, 64]");
   q = mx;
   q.rowwise_scale_inv = Tensor::zeros({64, 3}, DType::kUE4M3, Device::cpu());
   expect_invalid(q, "rowwise_scale_inv must be e8m0[64, 3] [M, K/32] (compact)");

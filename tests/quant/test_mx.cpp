@@ -83,25 +83,23 @@ TEST(QuantMx, ZeroInfNanBlocks) {
   EXPECT_EQ(run(x, cfg).rowwise_scale_inv.ptr<uint8_t>()[1], 0xFF);
 }
 
-TEST(QuantMx, ColumnwiseNotTransposedEqualsRowwiseOfTranspose) {
+// The columnwise copy is stored transposed and equals, code for code and scale for scale, the
+// rowwise quantization of x^T.
+TEST(QuantMx, ColumnwiseIsTheRowwiseCopyOfTheTranspose) {
   const Tensor x = make_bf16(64, 96, fill_fn(Fill::kHeavyTailed, 9));
   const QuantizedTensor q = run(x, QuantConfig::mx(DType::kE5M2));
-  ASSERT_EQ(q.columnwise_data.shape(), (Shape{64, 96}));
-  ASSERT_EQ(q.columnwise_scale_inv.shape(), (Shape{2, 96}));
+  ASSERT_EQ(q.columnwise_data.shape(), (Shape{96, 64}));
+  ASSERT_EQ(q.columnwise_scale_inv.shape(), (Shape{96, 2}));
   const TensorView xt(x.data(), DType::kBF16, {96, 64}, {1, 96}, Device::cpu());
   QuantConfig row = QuantConfig::mx(DType::kE5M2);
   row.columnwise = false;
   const QuantizedTensor qt = run(xt, row);  // [96, 64], scales [96, 2]
-  for (int64_t i = 0; i < 64; ++i) {
-    for (int64_t j = 0; j < 96; ++j) {
-      ASSERT_EQ(code_at(q.columnwise_data, i * 96 + j), code_at(qt.rowwise_data, j * 64 + i));
-    }
+  for (int64_t i = 0; i < 96 * 64; ++i) {
+    ASSERT_EQ(code_at(q.columnwise_data, i), code_at(qt.rowwise_data, i)) << i;
   }
-  for (int64_t b = 0; b < 2; ++b) {
-    for (int64_t j = 0; j < 96; ++j) {
-      ASSERT_EQ(q.columnwise_scale_inv.ptr<uint8_t>()[b * 96 + j],
-                qt.rowwise_scale_inv.ptr<uint8_t>()[j * 2 + b]);
-    }
+  for (int64_t i = 0; i < 96 * 2; ++i) {
+    ASSERT_EQ(q.columnwise_scale_inv.ptr<uint8_t>()[i], qt.rowwise_scale_inv.ptr<uint8_t>()[i])
+        << i;
   }
 }
 
@@ -148,7 +146,7 @@ TEST(QuantMx, RoundTripBounds) {
           QuantConfig cfg = QuantConfig::mx(t, r);
           const QuantizedTensor q = run(x, cfg);
           const RoundTripStats st = check_round_trip(q, Usage::kRowwise, source_f32(x, false));
-          check_round_trip(q, Usage::kColumnwise, source_f32(x, false));
+          check_round_trip(q, Usage::kColumnwise, source_f32(x, true));
           EXPECT_LE(st.max_rel_normal, std::ldexp(1.0, -(minifloat_spec(t).mbits + 1)));
           if (r == MxScaleRounding::kCeil && fill != Fill::kSpecials) {
             // The ceil rule never clips: every scaled magnitude |x| / 2^(e-127) stays ≤ fmax.
@@ -170,7 +168,7 @@ TEST(QuantMx, RoundTripBounds) {
 TEST(QuantMx, SwizzledScalesForBothOrientations) {
   const Tensor x = make_bf16(256, 160, fill_fn(Fill::kGaussian, 11));
   const QuantizedTensor q = run(x, QuantConfig::mx());
-  // Rowwise [256, 5] → swizzled [256, 8]; columnwise [8, 160] → transposed [160, 8] → [256, 8].
+  // Rowwise [256, 5] → swizzled [256, 8]; columnwise (stored transposed) [160, 8] → [256, 8].
   const Tensor rs = gemm_block_scales(q, Usage::kRowwise);
   const Tensor cs = gemm_block_scales(q, Usage::kColumnwise);
   ASSERT_EQ(rs.shape(), (Shape{256, 8}));
@@ -184,7 +182,7 @@ TEST(QuantMx, SwizzledScalesForBothOrientations) {
   }
   for (int64_t j = 0; j < 160; ++j) {
     for (int64_t b = 0; b < 8; ++b) {
-      ASSERT_EQ(cs.ptr<uint8_t>()[swizzled_scale_offset(j, b, 8)], c[b * 160 + j]);
+      ASSERT_EQ(cs.ptr<uint8_t>()[swizzled_scale_offset(j, b, 8)], c[j * 8 + b]);
     }
   }
   EXPECT_EQ(cs.ptr<uint8_t>()[swizzled_scale_offset(200, 0, 8)], 0);  // padding rows
