@@ -99,8 +99,10 @@ __global__ void __launch_bounds__(kThreads) mx_kernel(const T* __restrict__ x, M
 // value is the same operation on the same operands as in mx_kernel (v8).
 // kKFast (v15): blockIdx.x walks K and blockIdx.y M, so the blocks resident together read (and
 // write) long runs of the same rows instead of 64-row bands spread over every row of a tall
-// tensor; taken for the rowwise copy alone (the transposed columnwise copy wants M fastest: the
-// blocks resident together then write adjacent parts of the same transposed rows).
+// tensor. With the transposed columnwise copy this order still wins (H100, same-call A/B,
+// bench/results/h100-2026-11-27/mx-transposed-1030/mx_order.txt: 78–79.5 % of copy against
+// 69–73.5 % M fastest and 74–77 % in groups of 8 or 16 M-tiles; the untransposed copy had run at
+// 89–95 %: the transposed rows cost ≈ 12 points).
 template <bool kE5M2, bool kKFast = false>
 __global__ void __launch_bounds__(kThreads)
     mx8_v10_kernel(const uint16_t* __restrict__ x, MxArgs a) {
@@ -215,10 +217,9 @@ void mx(const T* x, int64_t M, int64_t K, DType t, MxScaleRounding rounding, boo
       (t == DType::kE4M3 || t == DType::kE5M2) && M % kT == 0 && K % kT == 0 &&
       reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     const auto* xb = reinterpret_cast<const uint16_t*>(x);
-    // v15: K-fastest block order for the rowwise copy alone, where M / 64 fits the grid's y
-    // extent (LOWBIT_QUANT_KERNELS=v14 keeps M fastest); the transposed columnwise copy takes M
-    // fastest.
-    if (quant_kernels_version() >= 15 && !columnwise && M / kT <= 65535) {
+    // v15: K-fastest block order where M / 64 fits the grid's y extent (LOWBIT_QUANT_KERNELS=v14
+    // keeps M fastest).
+    if (quant_kernels_version() >= 15 && M / kT <= 65535) {
       const dim3 grid_k(unsigned(K / kT), unsigned(M / kT));
       if (t == DType::kE5M2) {
         mx8_v10_kernel<true, true><<<grid_k, kThreads, 0, stream>>>(xb, a);
