@@ -19,9 +19,9 @@ Recipes (outputs; bytes counted for GB/s, mk = M*K):
               quantized from the bf16 source and stored transposed -> qt [K,M] + scale_inv
               [M/128,K] (TE's compact layout). s = 2^floor(log2(448/amax)) (amax == 0 -> 1).
               bytes = 2*mk + 2*mk + 2*(mk/128)*4 = 4*mk + mk/16
-  mxfp8       MXFP8 E4M3: 1x32 rowwise and 32x1 columnwise blocks (columnwise NOT transposed),
-              E8M0 scale e = ceil(log2(amax/448)) + 127 as uint8 -> q_row [M,K] + e_row
-              [M,K/32], q_col [M,K] + e_col [M/32,K].
+  mxfp8       MXFP8 E4M3: 1x32 rowwise and 32x1 columnwise blocks (columnwise stored transposed,
+              as lowbit stores it), E8M0 scale e = ceil(log2(amax/448)) + 127 as uint8 -> q_row
+              [M,K] + e_row [M,K/32], q_col [K,M] + e_col [K,M/32].
               bytes = 2*mk + 2*mk + 2*(mk/32) = 4*mk + mk/16
   nvfp4_rht   NVFP4 (E2M1 data, E4M3 scales per 16, fp32 global amax), rowwise [M,K/2] packed
               + scales [M,K/16]; columnwise: x^T [K,M], 16-point random Hadamard transform along
@@ -175,14 +175,19 @@ def _e8m0_ceil(amax):
     return e.to(torch.uint8), mult_bits.view(torch.float32)
 
 
+def _mx_rows(t):
+    """MXFP8 E4M3 1x32 blocks along the rows of t [R, C]: codes [R, C], E8M0 scales [R, C/32]."""
+    r, c = t.shape
+    e, mult = _e8m0_ceil(t.abs().reshape(r, c // 32, 32).amax(dim=-1).float())
+    q = (t.reshape(r, c // 32, 32) * mult.unsqueeze(-1)).to(torch.float8_e4m3fn).view(r, c)
+    return q, e
+
+
 def q_mxfp8(x):
-    """MXFP8 E4M3: 1x32 rowwise and 32x1 columnwise blocks (not transposed), E8M0 scales."""
-    m, k = x.shape
-    xa = x.abs()
-    e_row, mult_row = _e8m0_ceil(xa.view(m, k // 32, 32).amax(dim=-1).float())  # [M, K/32]
-    q_row = (x.view(m, k // 32, 32) * mult_row.unsqueeze(-1)).to(torch.float8_e4m3fn).view(m, k)
-    e_col, mult_col = _e8m0_ceil(xa.view(m // 32, 32, k).amax(dim=1).float())  # [M/32, K]
-    q_col = (x.view(m // 32, 32, k) * mult_col.unsqueeze(1)).to(torch.float8_e4m3fn).view(m, k)
+    """MXFP8 E4M3: 1x32 rowwise blocks, and 32x1 columnwise blocks stored transposed (the
+    rowwise blocks of x^T), E8M0 scales."""
+    q_row, e_row = _mx_rows(x)                  # [M, K], [M, K/32]
+    q_col, e_col = _mx_rows(x.t().contiguous())  # [K, M], [K, M/32]
     return q_row, e_row, q_col, e_col
 
 
@@ -340,16 +345,17 @@ def check_outputs(recipe, x, outs, consts):
     elif recipe == "mxfp8":
         q_row, e_row, q_col, e_col = outs
         expect(e_row.dtype == torch.uint8 and tuple(e_row.shape) == (m, k // 32), "e_row")
-        expect(e_col.dtype == torch.uint8 and tuple(e_col.shape) == (m // 32, k), "e_col")
-        expect(tuple(q_row.shape) == (m, k) and tuple(q_col.shape) == (m, k), "data shapes")
+        expect(e_col.dtype == torch.uint8 and tuple(e_col.shape) == (k, m // 32), "e_col")
+        expect(tuple(q_row.shape) == (m, k) and tuple(q_col.shape) == (k, m), "data shapes")
         sr = torch.exp2(e_row.float() - 127)
         sc = torch.exp2(e_col.float() - 127)
         qr = q_row.float().view(m, k // 32, 32)
-        qc = q_col.float().view(m // 32, 32, k)
+        qc = q_col.float().view(k, m // 32, 32)
         add(_block_max_ok(qr, -1))
-        add(_block_max_ok(qc, 1))
+        add(_block_max_ok(qc, -1))
         add(_fp8_close((qr * sr.unsqueeze(-1)).view(m, k), xf, sr.repeat_interleave(32, dim=1)))
-        add(_fp8_close((qc * sc.unsqueeze(1)).view(m, k), xf, sc.repeat_interleave(32, dim=0)))
+        add(_fp8_close((qc * sc.unsqueeze(-1)).view(k, m), xf.t(),
+                       sc.repeat_interleave(32, dim=1)))
     elif recipe == "nvfp4_rht":
         p_row, sd_row, a_row, p_col, sd_col, a_col = outs
         expect(p_row.dtype == torch.uint8 and tuple(p_row.shape) == (m, k // 2), "rowwise data")

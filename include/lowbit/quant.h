@@ -135,8 +135,8 @@ Tensor dequantize(const QuantizedTensor& q, Usage usage);
 // c = K-block; one byte each): returns [pad128(R), pad4(C)] of the same dtype, stored in the
 // 128×4-tile order of swizzled_scale_offset(), padding zero.
 Tensor swizzle_block_scales(const TensorView& compact);
-// The swizzled scales of one copy of an MX or NVFP4 tensor. MX columnwise scales [M/32, K]
-// are transposed to [K, M/32] first (r = K index, c = M-block).
+// The swizzled scales of one copy of an MX or NVFP4 tensor (compact [rows, blocks] of the copy's
+// stored orientation; for a columnwise copy r = K index, c = M-block).
 Tensor gemm_block_scales(const QuantizedTensor& q, Usage usage);
 
 // --- FP8 delayed scaling (formats.md §2.1, §2.2) ----------------------------------------------
