@@ -31,7 +31,7 @@ std::string_view scaling_mode_name(ScalingMode m);  // "per_tensor", "block1x128
 
 // Which copy of a quantized tensor: blocks along the rows (the contiguous dim K) or along the
 // columns (the first dim M). Columnwise copies are stored transposed ([K, M]) for every mode
-// except kMX1x32, whose columnwise copy keeps the [M, K] layout (formats.md §2.5, §3).
+// (docs/quantization.md "Orientation").
 enum class Usage : uint8_t { kRowwise, kColumnwise };
 
 // Philox stream of stochastic rounding: element i of a copy draws philox_uint32(seed, offset, i).

@@ -836,7 +836,9 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
                "fused_gemm: no TMA map for B' [{}, {}]", a.C, a.K);
   const bool split = a.parts > 0;
   const int64_t tiles = (a.R / kBM) * (a.C / kBN), total = tiles * (a.K / kBK);
-  LOWBIT_CHECK(a.parts >= 0 && a.parts <= total && total < (int64_t{1} << 40) &&
+  // part_start / part_owner multiply a position by the part count: keep it within int64.
+  LOWBIT_CHECK(a.parts >= 0 && a.parts <= total &&
+                   (a.parts == 0 || total <= (int64_t{1} << 62) / a.parts) &&
                    (!split || a.partial != nullptr),
                "fused_gemm: {} parts of {} tile k-steps", a.parts, total);
   LOWBIT_CHECK(!a.out_transposed || split, "fused_gemm: a transposed out needs a k-partition");
@@ -936,8 +938,8 @@ void dequant_b_permuted(const DequantJob& b, FusedKind kind, const Nvfp4Alpha* a
   const PermJob j{b.codes, b.scales, b.out, b.rows, b.cols, b.t};
   const Nvfp4Alpha al = alpha != nullptr ? *alpha : Nvfp4Alpha{};
   const int64_t units = b.rows * (b.cols / 64);
-  LOWBIT_CHECK(units / 256 < (int64_t{1} << 31), "dequant_b_permuted: {} x {} is too large", b.rows,
-               b.cols);
+  LOWBIT_CHECK((units + 255) / 256 < (int64_t{1} << 31), "dequant_b_permuted: {} x {} is too large",
+               b.rows, b.cols);
   const unsigned grid = unsigned((units + 255) / 256);
   if (nv) {
     pdl::launch(dequant_perm_kernel<FusedKind::kNvfp4>, grid, 256, 0, stream, j, al);

@@ -739,8 +739,10 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
   job.out = b_perm;
   gemm_kernels::Nvfp4Alpha alpha;
   if (nv) {
-    const Tensor& amax_a = copy_amax(g.a);
-    const Tensor& amax_b = copy_amax(g.b);
+    // alpha' rounds RN(RN(alpha · amax_a) · amax_b): the caller's A and B in that order on every
+    // path (the transposed one included), so that they all give the same bits.
+    const Tensor& amax_a = copy_amax(g_in.a);
+    const Tensor& amax_b = copy_amax(g_in.b);
     LOWBIT_CHECK(amax_a.defined() && amax_b.defined(),
                  "gemm_cuda: an NVFP4 operand has no global amax for its copy");
     alpha = gemm_kernels::Nvfp4Alpha{opt.alpha, opt.beta, amax_a.ptr<const float>(),

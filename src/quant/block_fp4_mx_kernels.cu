@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) mx_kernel(const T* __restrict__ x, M
 // block are lanes of one warp: amax by two shuffles; the 4 rows a warp reads per instruction
 // then lie on different banks). The column codes go to the transposed copy: the thread's 8 codes
 // of column 2p (2p + 1) are 8 contiguous bytes of row 2p (2p + 1) of the [K, M] tile, staged as
-// 8-byte units (unit u of row k at u ^ ((k / 2) % 8)) and written as 16 bytes per thread. Every
+// 8-byte units (rows padded to 80 bytes) and written as 16 bytes per thread. Every
 // value is the same operation on the same operands as in mx_kernel (v8).
 // kKFast (v15): blockIdx.x walks K and blockIdx.y M, so the blocks resident together read (and
 // write) long runs of the same rows instead of 64-row bands spread over every row of a tall
@@ -108,7 +108,11 @@ __global__ void __launch_bounds__(kThreads)
     mx8_v10_kernel(const uint16_t* __restrict__ x, MxArgs a) {
   constexpr DType kType = kE5M2 ? DType::kE5M2 : DType::kE4M3;
   __shared__ uint4 tile[kT][kT / 8];  // bf16 granules, swizzled (8 KB)
-  __shared__ uint2 cc[kT][kT / 8];    // columnwise codes [k][m], 8-byte units, swizzled (4 KB)
+  // Columnwise codes [k][m] as 8-byte units, rows padded to 80 bytes: the 16 lanes of a store
+  // phase (rows 2p, 4 consecutive p; units 4·mb + qq) then hit 16 distinct bank pairs (without
+  // the padding every row starts on bank 0: 4-way conflicts), and a row's 64 bytes stay 16-byte
+  // aligned for the read-back.
+  __shared__ __align__(16) uint2 cc[kT][kT / 8 + 2];
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int64_t m0 = int64_t(kKFast ? blockIdx.y : blockIdx.x) * kT;
   const int64_t k0 = int64_t(kKFast ? blockIdx.x : blockIdx.y) * kT;
@@ -175,7 +179,7 @@ __global__ void __launch_bounds__(kThreads)
     ca[i >> 2] |= (pair & 0xFFu) << (8 * (i & 3));
     cb[i >> 2] |= ((pair >> 8) & 0xFFu) << (8 * (i & 3));
   }
-  const int u = (4 * mb + qq) ^ (p & 7);  // unit of rows 2p and 2p + 1 ((k / 2) % 8 = p % 8)
+  const int u = 4 * mb + qq;  // unit (8 codes along m) of rows 2p and 2p + 1
   cc[2 * p][u] = make_uint2(ca[0], ca[1]);
   cc[2 * p + 1][u] = make_uint2(cb[0], cb[1]);
   if (qq == 0) {  // rows k0 + 2p, + 1 of the [K, M/32] scales, M-block m0 / 32 + mb
@@ -183,11 +187,9 @@ __global__ void __launch_bounds__(kThreads)
     a.qc_scale[(k0 + 2 * p + 1) * (a.M / 32) + m0 / 32 + mb] = eb;
   }
   __syncthreads();
-  // Row r (= k0 + r of the copy), m = 16·c4 … +15: units 2·c4 and 2·c4 + 1.
-  const int su = (r >> 1) & 7;
-  const uint2 lo = cc[r][(2 * c4) ^ su], hi = cc[r][(2 * c4 + 1) ^ su];
+  // Row r (= k0 + r of the copy), m = 16·c4 … +15: units 2·c4 and 2·c4 + 1, one 16-byte load.
   *reinterpret_cast<uint4*>(a.qc + (k0 + r) * a.M + m0 + 16 * c4) =
-      make_uint4(lo.x, lo.y, hi.x, hi.y);
+      *reinterpret_cast<const uint4*>(&cc[r][2 * c4]);
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ constexpr int kT = 64;  // tile edge
 struct TileSmem {
   float x[kT][kT + 1];       // source values, [m][k]
   uint8_t rc[kT][kT];        // MX FP4/FP6: rowwise codes, [m][k]
-  uint8_t cc[kT][kT];        // MX FP4/FP6: columnwise codes, [m][k]
+  uint8_t cc[kT][kT];        // MX FP4/FP6: columnwise codes, [k][m] (the transposed copy)
   float part[kT][kT / 16];   // NVFP4 16×16: amax of each 1×16 row block
   uint64_t rp[kT][kT / 16];  // NVFP4: packed rowwise codes, [m][K-block] (16 nibbles)
   uint64_t cp[kT][kT / 16];  // NVFP4: packed columnwise codes, [k][M-block]

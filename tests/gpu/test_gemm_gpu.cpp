@@ -602,36 +602,46 @@ TEST_F(GpuGemm, NanAndInfPropagate) {
   }
 }
 
+// One copy for the dequantization kernels: a [rows, cols] payload of type t in `layout`.
+struct DequantCase {
+  DType t;
+  gemm_kernels::DequantScales layout;
+  int64_t rows, cols;
+};
+
+// Random code bytes and block scales of such a copy: finite scales in a range whose products stay
+// normal in bf16, and a few NaN scales (UE4M3 0x7F, E8M0 0xFF).
+void random_copy(std::mt19937& rng, const DequantCase& c, std::vector<uint8_t>& codes,
+                 std::vector<uint8_t>& scales) {
+  const bool nv = c.layout == gemm_kernels::DequantScales::kNvfp4;
+  const int64_t n = c.rows * c.cols;
+  codes.assign(static_cast<size_t>(c.t == DType::kE2M1 ? n / 2 : n), 0);
+  scales.assign(static_cast<size_t>(nv ? c.rows * (c.cols / 16) : c.rows * (c.cols / 32)), 0);
+  for (auto& b : codes) b = static_cast<uint8_t>(rng());
+  for (auto& b : scales) {
+    b = nv ? static_cast<uint8_t>(rng() % 0x7F) : static_cast<uint8_t>(100 + rng() % 50);
+    if (rng() % 97 == 0) b = nv ? 0x7F : 0xFF;
+  }
+}
+
 // The emulated path's dequantization, every layout and payload, against a host decode of each
 // element: both the 16-element-chunk kernel (aligned buffers) and the general one (the same
 // buffers one 16-byte step in, so misaligned for the former) give these bits.
 TEST_F(GpuGemm, DequantToBf16MatchesHostDecodeBitForBit) {
   using gemm_kernels::DequantScales;
-  struct Case {
-    DType t;
-    DequantScales layout;
-    int64_t rows, cols;
-  };
-  const Case cases[] = {{DType::kE2M1, DequantScales::kNvfp4, 96, 4096},
-                        {DType::kE2M1, DequantScales::kNvfp4, 3, 48},
-                        {DType::kE4M3, DequantScales::kMxRowwise, 64, 1024},
-                        {DType::kE5M2, DequantScales::kMxRowwise, 5, 96},
-                        {DType::kE2M1, DequantScales::kMxRowwise, 33, 64}};
+  const DequantCase cases[] = {{DType::kE2M1, DequantScales::kNvfp4, 96, 4096},
+                               {DType::kE2M1, DequantScales::kNvfp4, 3, 48},
+                               {DType::kE4M3, DequantScales::kMxRowwise, 64, 1024},
+                               {DType::kE5M2, DequantScales::kMxRowwise, 5, 96},
+                               {DType::kE2M1, DequantScales::kMxRowwise, 33, 64}};
   std::mt19937 rng(17);
-  for (const Case& c : cases) {
+  for (const DequantCase& c : cases) {
     SCOPED_TRACE(fmt::format("{} layout {} {}x{}", dtype_name(c.t), int(c.layout), c.rows, c.cols));
     const bool fp4 = c.t == DType::kE2M1;
-    const int64_t n = c.rows * c.cols, code_bytes = fp4 ? n / 2 : n;
-    const int64_t n_scales =
-        c.layout == DequantScales::kNvfp4 ? c.rows * (c.cols / 16) : c.rows * (c.cols / 32);
-    std::vector<uint8_t> codes(code_bytes), scales(n_scales);
-    for (auto& b : codes) b = static_cast<uint8_t>(rng());
-    for (auto& b : scales) {
-      // Finite scales in a range whose products stay normal in bf16; a few NaN scales.
-      b = c.layout == DequantScales::kNvfp4 ? static_cast<uint8_t>(rng() % 0x7F)
-                                            : static_cast<uint8_t>(100 + rng() % 50);
-      if (rng() % 97 == 0) b = c.layout == DequantScales::kNvfp4 ? 0x7F : 0xFF;
-    }
+    std::vector<uint8_t> codes, scales;
+    random_copy(rng, c, codes, scales);
+    const int64_t n = c.rows * c.cols;
+    const int64_t code_bytes = int64_t(codes.size()), n_scales = int64_t(scales.size());
     std::vector<uint16_t> want(n);
     for (int64_t r = 0; r < c.rows; ++r) {
       for (int64_t k = 0; k < c.cols; ++k) {
@@ -685,22 +695,16 @@ TEST_F(GpuGemm, DequantToBf16MatchesHostDecodeBitForBit) {
 
 // The fused kernel's B' copy (dequant_b_permuted) against a host decode of every element: NVFP4
 // as f16 · 2^-14 (exact, subnormal scales included), MX as bf16 (E4M3 / E5M2, NaN codes
-// included), each at its permuted position k = 64·kb + 16·c
-// + 4·kk + j → 64·kb + 16·kk + 2·c + (j & 1) + 8·(j >> 1); shapes whose last block or warp is
-// partial.
+// included), each at its permuted position k = 64·kb + 16·c + 4·kk + j → 64·kb + 16·kk + 2·c +
+// (j & 1) + 8·(j >> 1); shapes whose last block or warp is partial.
 TEST_F(GpuGemm, DequantBPermutedMatchesHostDecodeBitForBit) {
   using gemm_kernels::DequantScales;
   using gemm_kernels::FusedKind;
-  struct Case {
-    DType t;
-    DequantScales layout;
-    int64_t rows, cols;
-  };
-  const Case cases[] = {{DType::kE2M1, DequantScales::kNvfp4, 96, 4096},
-                        {DType::kE2M1, DequantScales::kNvfp4, 5, 192},
-                        {DType::kE4M3, DequantScales::kMxRowwise, 64, 1024},
-                        {DType::kE5M2, DequantScales::kMxRowwise, 3, 128},
-                        {DType::kE4M3, DequantScales::kMxRowwise, 7, 192}};
+  const DequantCase cases[] = {{DType::kE2M1, DequantScales::kNvfp4, 96, 4096},
+                               {DType::kE2M1, DequantScales::kNvfp4, 5, 192},
+                               {DType::kE4M3, DequantScales::kMxRowwise, 64, 1024},
+                               {DType::kE5M2, DequantScales::kMxRowwise, 3, 128},
+                               {DType::kE4M3, DequantScales::kMxRowwise, 7, 192}};
   // f16 bits → value (exact).
   const auto f16_value = [](uint16_t h) {
     const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
@@ -710,17 +714,13 @@ TEST_F(GpuGemm, DequantBPermutedMatchesHostDecodeBitForBit) {
     return (h & 0x8000) != 0 ? -mag : mag;
   };
   std::mt19937 rng(23);
-  for (const Case& c : cases) {
+  for (const DequantCase& c : cases) {
     SCOPED_TRACE(fmt::format("{} layout {} {}x{}", dtype_name(c.t), int(c.layout), c.rows, c.cols));
     const bool nv = c.layout == DequantScales::kNvfp4;
-    const int64_t n = c.rows * c.cols, code_bytes = nv ? n / 2 : n;
-    const int64_t n_scales = nv ? c.rows * (c.cols / 16) : c.rows * (c.cols / 32);
-    std::vector<uint8_t> codes(code_bytes), scales(n_scales);
-    for (auto& b : codes) b = static_cast<uint8_t>(rng());
-    for (auto& b : scales) {
-      b = nv ? static_cast<uint8_t>(rng() % 0x7F) : static_cast<uint8_t>(100 + rng() % 50);
-      if (rng() % 97 == 0) b = nv ? 0x7F : 0xFF;
-    }
+    std::vector<uint8_t> codes, scales;
+    random_copy(rng, c, codes, scales);
+    const int64_t n = c.rows * c.cols;
+    const int64_t code_bytes = int64_t(codes.size()), n_scales = int64_t(scales.size());
     // want[r · cols + permuted k] as a value (NVFP4: times 2^-14).
     std::vector<float> want(n);
     for (int64_t r = 0; r < c.rows; ++r) {

@@ -103,6 +103,22 @@ TEST(QuantMx, ColumnwiseIsTheRowwiseCopyOfTheTranspose) {
   }
 }
 
+// MXFP4 packs two codes per byte along each copy's rows: an odd K is fine for a columnwise-only
+// copy (packed along M), and refused for the rowwise one.
+TEST(QuantMx, Fp4OddKOnlyForTheColumnwiseCopy) {
+  const Tensor x = make_bf16(64, 33, fill_fn(Fill::kGaussian, 5));
+  QuantConfig cfg = QuantConfig::mx(DType::kE2M1);
+  cfg.rowwise = false;
+  const QuantizedTensor q = run(x, cfg);
+  EXPECT_EQ(q.columnwise_data.shape(), (Shape{33, 64}));
+  EXPECT_EQ(q.columnwise_data.nbytes(), 33 * 32);
+  check_round_trip(q, Usage::kColumnwise, source_f32(x, true));
+  cfg.rowwise = true;
+  Context ctx(Device::cpu());
+  QuantizedTensor out;
+  EXPECT_THROW(quantize(ctx, x.view(), cfg, out), UserError);
+}
+
 TEST(QuantMx, Fp4PackingAndFp6Codes) {
   // MXFP4: amax 6 → e = 127 (ceil(log2(6/6)) = 0): codes are plain e2m1, even index low nibble.
   const Tensor x = make_bf16(1, 32, [](int64_t, int64_t j) {
