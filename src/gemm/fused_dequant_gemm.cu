@@ -55,6 +55,7 @@
 #include "core/tma.h"
 #include "core/wgmma.cuh"
 #include "gemm/fused_dequant_gemm.h"
+#include "gemm/k_partition.h"
 #include "gemm/nvfp4_alpha.cuh"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/core/dtype.h"
@@ -290,23 +291,8 @@ struct KernelArgs {
               // the f32 partial tiles
 };
 
-// The k-partition ("stream-K"): the tiles' k-steps in one line (tile t's steps at t·nk …), cut into
-// `parts` contiguous ranges of equal length ± 1, one per CTA, so that every SM gets the same work
-// when there are fewer tiles than SMs (equal splits per tile leave a second, partly idle wave:
-// 124m fc1 wgrad, 72 tiles × 3 splits on 132 SMs). Part j starts at part_start(j); the piece of
-// tile t in part j writes partial tile slot t + j ([slots · 128, 256] f32: slots increase along
-// the line, so each is written once), and the reduction adds the pieces of tile t in the order of
-// j (deterministic).
-__host__ __device__ __forceinline__ int64_t part_start(int64_t total, int parts, int64_t j) {
-  return total * j / parts;
-}
-// The part that holds step `pos` of the line: the largest j with part_start(j) <= pos.
-__host__ __device__ __forceinline__ int part_owner(int64_t total, int parts, int64_t pos) {
-  return static_cast<int>(((pos + 1) * parts - 1) / total);
-}
-
 // Calls f(m0, n0, kb_begin, kb_end, slot) for every piece of work of this CTA, in order: whole
-// tiles (parts == 0, slot -1), or the pieces of the CTA's parts.
+// tiles (parts == 0, slot -1), or the pieces of the CTA's parts (gemm/k_partition.h).
 template <typename F>
 __device__ __forceinline__ void for_each_work(int parts, int tiles_r, int tiles_c, int nk, F&& f) {
   const int tiles = tiles_r * tiles_c;
@@ -320,17 +306,11 @@ __device__ __forceinline__ void for_each_work(int parts, int tiles_r, int tiles_
   }
   const int64_t total = int64_t(tiles) * nk;
   for (int j = blockIdx.x; j < parts; j += gridDim.x) {
-    int64_t pos = part_start(total, parts, j);
-    const int64_t end = part_start(total, parts, j + 1);
-    while (pos < end) {
-      const int t = static_cast<int>(pos / nk);
-      const int kb0 = static_cast<int>(pos - int64_t(t) * nk);
-      const int kb1 = static_cast<int>(min(int64_t(nk), kb0 + (end - pos)));
+    for_each_piece(total, parts, nk, j, [&](int t, int kb0, int kb1, int slot) {
       int m0, n0;
       tile_origin(t, tiles_r, tiles_c, &m0, &n0);
-      f(m0, n0, kb0, kb1, t + j);
-      pos += kb1 - kb0;
-    }
+      f(m0, n0, kb0, kb1, slot);
+    });
   }
 }
 
@@ -895,36 +875,7 @@ int64_t fused_gemm_partial_tiles(int64_t R, int64_t C, int parts) {
 }
 
 int fused_gemm_parts(int64_t R, int64_t C, int64_t K) {
-  // Modelled time in µs on an H100 (kernel + reduction), fitted to the 124m wgrads timed back to
-  // back with each partition forced (h100-2026-11-27/wgrad-parts-1010): a k-step of one CTA
-  // ≈ 0.76; per part ≈ 3.6 steps more when the parts are aligned to the tiles (P = s · tiles:
-  // s equal splits of every tile, one piece per part), ≈ 12.4 when they are not (a piece that
-  // ends mid-tile is followed by a second epilogue and pipeline fill on the same CTA); the
-  // reduction ≈ 0.045 per partial tile read. Whole tiles (P = 0) when the tiles fill the GPU or
-  // nothing is cheaper. Measured (µs per call, with the B' copy): qkv 108 unaligned against 116
-  // aligned (2 splits), proj 47–48 aligned (7) against 49, fc1 135 unaligned against 148–152
-  // (3 splits in two waves).
-  const int64_t tiles = (R / kBM) * (C / kBN), nk = K / kBK, sms = sm_count();
-  if (tiles >= sms) return 0;
-  const int64_t total = tiles * nk;
-  constexpr double kStep = 0.76, kAligned = 3.6, kUnaligned = 12.4, kPartial = 0.045;
-  int best = 0;
-  double best_t = (double(nk) + kAligned) * kStep;
-  const auto consider = [&](int64_t p, double t) {
-    if (t < best_t) {
-      best = static_cast<int>(p);
-      best_t = t;
-    }
-  };
-  for (int64_t s = 2; s <= 16 && s <= nk; ++s) {
-    const int64_t p = s * tiles, waves = (p + sms - 1) / sms;
-    consider(p, double(waves) * (double(nk) / double(s) + kAligned) * kStep + double(p) * kPartial);
-  }
-  for (int64_t p = tiles + 1; p <= sms && p <= total; ++p) {
-    if (p % tiles == 0) continue;  // aligned: above
-    consider(p, (double((total + p - 1) / p) + kUnaligned) * kStep + double(p + tiles) * kPartial);
-  }
-  return best;
+  return k_partition_for((R / kBM) * (C / kBN), K / kBK, sm_count());
 }
 
 void dequant_b_permuted(const DequantJob& b, FusedKind kind, const Nvfp4Alpha* alpha,
