@@ -67,11 +67,11 @@ GemmCudaLastCall gemm_cuda_last_call();
 bool gemm_autotune_from_env(const char* value);
 
 // When the emulated MX / NVFP4 path runs the fused-dequantization kernel (fused_dequant_gemm.cu)
-// instead of dequantization + cuBLASLt. It can run an FP8 (MX) or NVFP4 pair with A'
-// K-contiguous, R % 128, C % 256 and K % 64 (MX: 128), with split-K where the tiles are fewer
-// than the SMs. kAuto (the default) takes it where it measured faster (NVFP4: C ≤ 2048, or
-// C ≤ 4096 with K ≥ 4096 and a full GPU of tiles; MX: C ≤ 2048 with K > C, or K == C with B'
-// rowwise; see try_fused_emulated and bench/results/h100-2026-11-27/); kOn wherever it can run
+// instead of dequantization + cuBLASLt. It can run an FP8 (MX) or NVFP4 pair with R % 128,
+// C % 256 and K % 64 (MX: 128), cut along k where the tiles are fewer than the SMs
+// (gemm/k_partition.h). kAuto (the default) takes it where it measured faster (NVFP4: C ≤ 2048,
+// or C ≤ 4096 with K ≥ 4096 and a full GPU of tiles; MX: C ≤ 2048 with K ≥ C; see
+// try_fused_emulated and bench/results/h100-2026-11-27/); kOn wherever it can run
 // (tests, A/B timing); kOff never. LOWBIT_GEMM_FUSED=0 / off, 1 / on, auto;
 // set_gemm_fused_dequant() overrides the environment for the whole process.
 enum class FusedDequant : uint8_t { kOff, kAuto, kOn };

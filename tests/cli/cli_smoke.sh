@@ -92,7 +92,7 @@ fi
 run 0 bench --help
 grep -q "gemm" "$tmp/out" || fail "'lowbit bench --help' does not list gemm"
 run 0 bench gemm --help
-for opt in --shapes --modes --roles --iters --warmup --json-out; do
+for opt in --shapes --modes --roles --iters --warmup --json-out --fused-parts; do
   grep -q -- "$opt" "$tmp/out" || fail "'lowbit bench gemm --help' does not list $opt"
 done
 for word in 124m 1b 8b square fp8-block mxfp8 nvfp4; do
@@ -106,6 +106,9 @@ grep -q "error: --modes: unknown mode 'fp4'" "$tmp/err" ||
   fail "bench gemm, bad --modes: no 'unknown mode' error"
 run 2 bench gemm --iters 0
 grep -q -- "--iters" "$tmp/err" || fail "bench gemm --iters 0: the message does not name --iters"
+run 2 bench gemm --fused-parts -1
+grep -q -- "--fused-parts" "$tmp/err" ||
+  fail "bench gemm --fused-parts -1: the message does not name --fused-parts"
 if [[ $json_path == cpu ]]; then
   run 2 bench gemm --shapes 124m --json-out "$tmp/gemm.jsonl"
   grep -q "error: bench gemm needs a CUDA GPU" "$tmp/err" ||

@@ -624,6 +624,17 @@ void random_copy(std::mt19937& rng, const DequantCase& c, std::vector<uint8_t>& 
   }
 }
 
+// decode(code) · block scale of element (r, k) of such a copy, as one fp32 product.
+float host_dequant(const DequantCase& c, const std::vector<uint8_t>& codes,
+                   const std::vector<uint8_t>& scales, int64_t r, int64_t k) {
+  const int64_t i = r * c.cols + k;
+  const uint32_t code = c.t == DType::kE2M1 ? (codes[i / 2] >> (4 * (i % 2))) & 0xFu : codes[i];
+  const float f = c.layout == gemm_kernels::DequantScales::kNvfp4
+                      ? decode(DType::kUE4M3, scales[r * (c.cols / 16) + k / 16])
+                      : decode_e8m0(scales[r * (c.cols / 32) + k / 32]);
+  return decode(c.t, code) * f;
+}
+
 // The emulated path's dequantization, every layout and payload, against a host decode of each
 // element: both the 16-element-chunk kernel (aligned buffers) and the general one (the same
 // buffers one 16-byte step in, so misaligned for the former) give these bits.
@@ -637,7 +648,6 @@ TEST_F(GpuGemm, DequantToBf16MatchesHostDecodeBitForBit) {
   std::mt19937 rng(17);
   for (const DequantCase& c : cases) {
     SCOPED_TRACE(fmt::format("{} layout {} {}x{}", dtype_name(c.t), int(c.layout), c.rows, c.cols));
-    const bool fp4 = c.t == DType::kE2M1;
     std::vector<uint8_t> codes, scales;
     random_copy(rng, c, codes, scales);
     const int64_t n = c.rows * c.cols;
@@ -645,15 +655,7 @@ TEST_F(GpuGemm, DequantToBf16MatchesHostDecodeBitForBit) {
     std::vector<uint16_t> want(n);
     for (int64_t r = 0; r < c.rows; ++r) {
       for (int64_t k = 0; k < c.cols; ++k) {
-        const int64_t i = r * c.cols + k;
-        const uint32_t code = fp4 ? (codes[i / 2] >> (4 * (i % 2))) & 0xFu : codes[i];
-        float f;
-        if (c.layout == DequantScales::kNvfp4) {
-          f = decode(DType::kUE4M3, scales[r * (c.cols / 16) + k / 16]);
-        } else {
-          f = decode_e8m0(scales[r * (c.cols / 32) + k / 32]);
-        }
-        want[i] = f32_to_bf16_rn(decode(c.t, code) * f);
+        want[r * c.cols + k] = f32_to_bf16_rn(host_dequant(c, codes, scales, r, k));
       }
     }
     // Device buffers with room in front: codes and output at offset 0 (16-byte aligned: the
@@ -725,17 +727,8 @@ TEST_F(GpuGemm, DequantBPermutedMatchesHostDecodeBitForBit) {
     std::vector<float> want(n);
     for (int64_t r = 0; r < c.rows; ++r) {
       for (int64_t k = 0; k < c.cols; ++k) {
-        float v;
-        if (nv) {
-          const int64_t i = r * c.cols + k;
-          const uint32_t code = (codes[i / 2] >> (4 * (i % 2))) & 0xFu;
-          v = decode(DType::kE2M1, code) * decode(DType::kUE4M3, scales[i / 16]) *
-              std::ldexp(1.0f, -14);
-        } else {
-          const int64_t i = r * c.cols + k;
-          v = bf16_to_f32(f32_to_bf16_rn(decode(c.t, codes[i]) *
-                                         decode_e8m0(scales[r * (c.cols / 32) + k / 32])));
-        }
+        const float p = host_dequant(c, codes, scales, r, k);
+        const float v = nv ? p * std::ldexp(1.0f, -14) : bf16_to_f32(f32_to_bf16_rn(p));
         const int64_t kb = k / 64, cc = (k / 16) % 4, kk = (k / 4) % 4, j = k % 4;
         want[r * c.cols + 64 * kb + 16 * kk + 2 * cc + (j & 1) + 8 * (j >> 1)] = v;
       }
