@@ -333,7 +333,9 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
   gemm_cmd
       ->add_option("--fused-parts", g->fused_parts,
                    "Developer: k-partition of the fused MX / NVFP4 kernel for every shape (0: its "
-                   "model's choice, 1: whole tiles, N: N parts)")
+                   "model's choice, 1: whole tiles, N: about N parts, a multiple of the output's "
+                   "256-wide column "
+                   "tiles)")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   gemm_cmd->callback([g, &action] {

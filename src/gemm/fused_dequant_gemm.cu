@@ -9,13 +9,14 @@
 //
 // Structure: a persistent kernel, one CTA of three warpgroups per SM, tiles of 128 × 256 outputs
 // in k-steps of 64, walked in bands of 16 row tiles (L2 reuse of B' panels); problems with fewer
-// tiles than SMs are cut along k into one part per CTA (for_each_work: equal splits of every tile
-// or equal ranges of all tiles' steps; f32 partial tiles, then an ordered reduction). Warpgroup
-// 0 is the producer: one warp fills a 5-stage ring — A''s codes (TMA, 128 rows × 32 / 64 bytes),
-// B''s 16-bit panel (TMA, 256 rows × 64, 128-byte swizzle) and A''s scales (cp.async, 4 bytes per
-// row) — completing a `full` mbarrier per stage. Warpgroups 1 and 2 each own 64 rows × 256 columns
-// (128 fp32 accumulators per thread): per stage they load their codes and scales from shared
-// memory, convert them (16 codes of one row per thread and row, one scale), issue four wgmma
+// tiles than SMs are cut along k into one part per CTA (for_each_work, gemm/k_partition.h: per
+// column tile, equal splits of every tile or equal ranges of its row tiles' steps, the columns'
+// parts side by side over the same A' rows; f32 partial tiles, then an ordered reduction).
+// Warpgroup 0 is the producer: one warp fills a 5-stage ring — A''s codes (TMA, 128 rows × 32 / 64
+// bytes), B''s 16-bit panel (TMA, 256 rows × 64, 128-byte swizzle) and A''s scales (cp.async, 4
+// bytes per row) — completing a `full` mbarrier per stage. Warpgroups 1 and 2 each own 64 rows ×
+// 256 columns (128 fp32 accumulators per thread): per stage they load their codes and scales from
+// shared memory, convert them (16 codes of one row per thread and row, one scale), issue four wgmma
 // m64n256k16 with A from registers, and release the stage on the `empty` mbarrier once the wgmma
 // group reading it has completed (one group in flight, A fragments double-buffered). The producer
 // runs ahead into the next tile while the consumers store the current one (through swizzled shared
@@ -323,13 +324,10 @@ __device__ __forceinline__ void for_each_work(int parts, int tiles_r, int tiles_
     }
     return;
   }
-  const int64_t total = int64_t(tiles) * nk;
   for (int j = blockIdx.x; j < parts; j += gridDim.x) {
-    for_each_piece(total, parts, nk, j, [&](int t, int kb0, int kb1, int slot) {
-      int m0, n0;
-      tile_origin(t, tiles_r, tiles_c, &m0, &n0);
-      f(m0, n0, kb0, kb1, slot);
-    });
+    for_each_column_piece(
+        tiles_r, tiles_c, nk, parts, j,
+        [&](int r, int c, int kb0, int kb1, int slot) { f(r * kBM, c * kBN, kb0, kb1, slot); });
   }
 }
 
@@ -650,9 +648,9 @@ __global__ void __launch_bounds__(256) dequant_perm_kernel(PermJob j, Nvfp4Alpha
   }
 }
 
-// out = Σ_j partial[t + j] over the parts j that hold a piece of tile t, in the order of j
-// (deterministic) (+ beta · c) (+ bias), one rounding to out's type; the partials already carry
-// alpha. Four columns per thread (C % 256 == 0).
+// out = the sum of the partial tiles that hold pieces of each tile, in the order of their parts
+// (deterministic: tile_slots) (+ beta · c) (+ bias), one rounding to out's type; the partials
+// already carry alpha. Four columns per thread (C % 256 == 0).
 struct PartsReduce {
   const float* partial;  // [slots · 128, 256]
   int parts, tiles_r, tiles_c, nk;
@@ -666,16 +664,12 @@ struct PartsReduce {
   bool bias_bf16;
 };
 
-// The tile t of result element (row, col) (tile_origin inverted: bands of kBand row tiles, down
-// each band first) and the parts j0 … j1 that hold its pieces (partial tiles t + j0 … t + j1).
-__device__ __forceinline__ void tile_parts(const PartsReduce& r, int64_t row, int64_t col, int* t,
-                                           int* j0, int* j1) {
-  const int64_t total = int64_t(r.tiles_r) * r.tiles_c * r.nk;
-  const int mt = static_cast<int>(row / kBM), nt = static_cast<int>(col / kBN);
-  const int band = mt / kBand, first = band * kBand, rows = min(kBand, r.tiles_r - first);
-  *t = band * kBand * r.tiles_c + nt * rows + (mt - first);
-  *j0 = part_owner(total, r.parts, int64_t(*t) * r.nk);
-  *j1 = part_owner(total, r.parts, int64_t(*t) * r.nk + r.nk - 1);
+// The partial tiles slot0 … slot0 + count - 1 that hold the pieces of result element (row, col)'s
+// tile.
+__device__ __forceinline__ void element_slots(const PartsReduce& r, int64_t row, int64_t col,
+                                              int* slot0, int* count) {
+  tile_slots(r.tiles_r, r.tiles_c, r.nk, r.parts, static_cast<int>(row / kBM),
+             static_cast<int>(col / kBN), slot0, count);
 }
 
 // Four consecutive out elements from their sums x: + beta · c (c at the same place as out), +
@@ -717,12 +711,12 @@ __global__ void __launch_bounds__(256) parts_reduce_kernel(PartsReduce r) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = (4 * i) / r.C, col = (4 * i) % r.C;
-    int t, j0, j1;
-    tile_parts(r, row, col, &t, &j0, &j1);
+    int slot0, count;
+    element_slots(r, row, col, &slot0, &count);
     const float* tile = r.partial + (row % kBM) * kBN + col % kBN;
-    float4 v = *reinterpret_cast<const float4*>(tile + int64_t(t + j0) * kBM * kBN);
-    for (int j = j0 + 1; j <= j1; ++j) {
-      const float4 w = *reinterpret_cast<const float4*>(tile + int64_t(t + j) * kBM * kBN);
+    float4 v = *reinterpret_cast<const float4*>(tile + int64_t(slot0) * kBM * kBN);
+    for (int j = 1; j < count; ++j) {
+      const float4 w = *reinterpret_cast<const float4*>(tile + int64_t(slot0 + j) * kBM * kBN);
       v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
     }
     float x[4] = {v.x, v.y, v.z, v.w};
@@ -739,15 +733,15 @@ __global__ void __launch_bounds__(256) parts_reduce_transposed_kernel(PartsReduc
   __shared__ float sum[64][65];  // [kernel row][kernel column], padded
   const int t = threadIdx.x;
   const int64_t r0 = int64_t(blockIdx.y) * 64, c0 = int64_t(blockIdx.x) * 64;
-  int tile, j0, j1;
-  tile_parts(r, r0, c0, &tile, &j0, &j1);
+  int slot0, count;
+  element_slots(r, r0, c0, &slot0, &count);
 #pragma unroll
   for (int pass = 0; pass < 4; ++pass) {
     const int lr = 16 * pass + t / 16, lc = 4 * (t % 16);
     const float* p = r.partial + ((r0 + lr) % kBM) * kBN + (c0 + lc) % kBN;
-    float4 v = *reinterpret_cast<const float4*>(p + int64_t(tile + j0) * kBM * kBN);
-    for (int j = j0 + 1; j <= j1; ++j) {
-      const float4 w = *reinterpret_cast<const float4*>(p + int64_t(tile + j) * kBM * kBN);
+    float4 v = *reinterpret_cast<const float4*>(p + int64_t(slot0) * kBM * kBN);
+    for (int j = 1; j < count; ++j) {
+      const float4 w = *reinterpret_cast<const float4*>(p + int64_t(slot0 + j) * kBM * kBN);
       v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
     }
     sum[lr][lc] = v.x;
@@ -835,12 +829,16 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
                                 kBK, kBN, CU_TENSOR_MAP_SWIZZLE_128B),
                "fused_gemm: no TMA map for B' [{}, {}]", a.C, a.K);
   const bool split = a.parts > 0;
-  const int64_t tiles = (a.R / kBM) * (a.C / kBN), total = tiles * (a.K / kBK);
-  // part_start / part_owner multiply a position by the part count: keep it within int64.
-  LOWBIT_CHECK(a.parts >= 0 && a.parts <= total &&
-                   (a.parts == 0 || total <= (int64_t{1} << 62) / a.parts) &&
+  const int64_t tiles_c = a.C / kBN, tiles = (a.R / kBM) * tiles_c;
+  const int64_t line = (a.R / kBM) * (a.K / kBK);  // one column's tile k-steps
+  // parts a multiple of the column tiles, at most one per step of a column; part_start /
+  // part_owner multiply a position by the part count: keep it within int64.
+  LOWBIT_CHECK(a.parts >= 0 && a.parts % tiles_c == 0 && a.parts / tiles_c <= line &&
+                   (a.parts == 0 || line <= (int64_t{1} << 62) / a.parts) &&
                    (!split || a.partial != nullptr),
-               "fused_gemm: {} parts of {} tile k-steps", a.parts, total);
+               "fused_gemm: {} parts for {} column tiles of {} k-steps (a multiple of the column "
+               "tiles, at most one part per k-step of a column)",
+               a.parts, tiles_c, line);
   LOWBIT_CHECK(!a.out_transposed || split, "fused_gemm: a transposed out needs a k-partition");
   CUtensorMap om;
   const bool f32 = split || a.out_f32;
@@ -891,11 +889,11 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
 int fused_gemm_sm_count() { return sm_count(); }
 
 int64_t fused_gemm_partial_tiles(int64_t R, int64_t C, int parts) {
-  return parts > 0 ? (R / kBM) * (C / kBN) + parts - 1 : 0;
+  return partial_tiles(static_cast<int>(R / kBM), static_cast<int>(C / kBN), parts);
 }
 
 int fused_gemm_parts(int64_t R, int64_t C, int64_t K) {
-  return k_partition_for((R / kBM) * (C / kBN), K / kBK, sm_count());
+  return k_partition_for(R / kBM, C / kBN, K / kBK, sm_count());
 }
 
 void dequant_b_permuted(const DequantJob& b, FusedKind kind, const Nvfp4Alpha* alpha,

@@ -51,12 +51,14 @@ struct FusedGemmArgs {
   const void* bias = nullptr;
   bool bias_bf16 = true;
   int max_ctas = 0;  // persistent grid size cap (0: one CTA per SM); tests use it
-  // k-partition: parts > 0 lays the tiles' k-steps in one line and cuts it into `parts` equal
-  // ranges, one per CTA (a range may end inside a tile and the next begin there: every SM gets
-  // the same work when there are fewer tiles than SMs). Each piece writes an f32 partial tile
-  // into `partial` (workspace, fused_gemm_partial_tiles × 128 × 256 floats), then a reduction
-  // kernel adds the pieces of each tile in a fixed order with beta · c and the bias
-  // (deterministic). 0: each CTA computes whole tiles into out. parts ≤ tiles · K / 64.
+  // k-partition (gemm/k_partition.h): parts > 0, a multiple of the column tiles C / 256, gives
+  // each column tile parts · 256 / C parts that cut its row tiles' k-steps, laid in one line,
+  // into equal ranges, one per CTA (a range may end inside a tile and the next begin there: every
+  // SM gets the same work when there are fewer tiles than SMs; the columns' parts run side by
+  // side over the same A' rows). Each piece writes an f32 partial tile into `partial`
+  // (workspace, fused_gemm_partial_tiles × 128 × 256 floats), then a reduction kernel adds the
+  // pieces of each tile in a fixed order with beta · c and the bias (deterministic). 0: each CTA
+  // computes whole tiles into out. parts · 256 / C ≤ R / 128 · K / 64.
   int parts = 0;
   float* partial = nullptr;
   // With parts > 0 only: out is [C, R] (ldd over R) and receives the transpose of the result
@@ -72,7 +74,8 @@ int fused_gemm_sm_count();
 // whole tiles are faster): the cheapest by a model of k-steps per CTA plus the partial tiles'
 // traffic.
 int fused_gemm_parts(int64_t R, int64_t C, int64_t K);
-// Partial tiles (128 × 256 f32 each) that `parts` > 0 needs: tiles + parts - 1.
+// Partial tiles (128 × 256 f32 each) that `parts` > 0 needs: R / 128 + parts · 256 / C - 1 per
+// column tile.
 int64_t fused_gemm_partial_tiles(int64_t R, int64_t C, int parts);
 
 // B' [rows = C, cols = K] dequantized (the job's codes, scales and layout as in DequantJob,

@@ -647,14 +647,15 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
     return k && gemm_kernels::fused_gemm_shape_ok(*k, p.R, p.C, p.Kc);
   };
   if (!qualifies(g_in)) return false;
-  // The k-partition of a problem: forced (tests, the bench's --fused-parts: 1 = none) or the
-  // model's.
+  // The k-partition of a problem: forced (tests, the bench's --fused-parts: 1 = none; n > 1 is
+  // rounded down to a multiple of the column tiles, at least one part per column, at most one
+  // per k-step of a column) or the model's.
   const auto parts_of = [](const CanonGemm& p) {
     const int forced = g_fused_parts.load();
-    const int64_t steps = (p.R / gemm_kernels::kFusedTileR) * (p.C / gemm_kernels::kFusedTileC) *
-                          (p.Kc / 64);  // the kernel's tile k-steps
+    const int64_t cols = p.C / gemm_kernels::kFusedTileC;
+    const int64_t line = (p.R / gemm_kernels::kFusedTileR) * (p.Kc / 64);  // a column's k-steps
     return forced == 1  ? 0
-           : forced > 1 ? int(std::min<int64_t>(forced, steps))
+           : forced > 1 ? int(std::clamp<int64_t>(forced / cols, 1, line) * cols)
                         : gemm_kernels::fused_gemm_parts(p.R, p.C, p.Kc);
   };
   CanonGemm g = g_in;
