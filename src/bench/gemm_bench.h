@@ -31,7 +31,8 @@ struct GemmBenchOptions {
   int warmup = 5;
   int iters = 30;
   // Developer: the fused MX / NVFP4 kernel's k-partition for every shape (0: its model's choice;
-  // 1: whole tiles; n > 1: n parts), to compare partitions in one run.
+  // 1: whole tiles; n > 1: about n parts, k_partition.h valid_parts), to compare partitions in
+  // one run.
   int fused_parts = 0;
 };
 

@@ -833,8 +833,10 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
   const int64_t line = (a.R / kBM) * (a.K / kBK);  // one column's tile k-steps
   // parts a multiple of the column tiles, at most one per step of a column; part_start /
   // part_owner multiply a position by the part count: keep it within int64.
+  // The kernel addresses partial tiles by int rows (slot · 128).
   LOWBIT_CHECK(a.parts >= 0 && a.parts % tiles_c == 0 && a.parts / tiles_c <= line &&
                    (a.parts == 0 || line <= (int64_t{1} << 62) / a.parts) &&
+                   fused_gemm_partial_tiles(a.R, a.C, a.parts) * kBM <= INT32_MAX &&
                    (!split || a.partial != nullptr),
                "fused_gemm: {} parts for {} column tiles of {} k-steps (a multiple of the column "
                "tiles, at most one part per k-step of a column)",

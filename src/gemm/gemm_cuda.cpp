@@ -20,6 +20,7 @@
 #include "gemm/fused_dequant_gemm.h"
 #include "gemm/gemm_cuda_kernels.h"
 #include "gemm/gemm_internal.h"
+#include "gemm/k_partition.h"
 #include "lowbit/core/cuda_check.h"
 
 namespace lowbit {
@@ -124,6 +125,7 @@ std::map<PlanKey, Plan>& plan_cache() {
 thread_local GemmCudaLastCall g_last_call;
 std::atomic<int> g_fused_max_ctas{0};  // set_gemm_fused_max_ctas (tests): grid cap, 0 = SMs
 std::atomic<int> g_fused_parts{0};     // set_gemm_fused_parts (tests): 0 = model, 1 = none, n
+                                       // (k_partition.h valid_parts)
 
 std::string describe(const LtProblem& p) {
   return fmt::format(
@@ -647,15 +649,13 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
     return k && gemm_kernels::fused_gemm_shape_ok(*k, p.R, p.C, p.Kc);
   };
   if (!qualifies(g_in)) return false;
-  // The k-partition of a problem: forced (tests, the bench's --fused-parts: 1 = none; n > 1 is
-  // rounded down to a multiple of the column tiles, at least one part per column, at most one
-  // per k-step of a column) or the model's.
+  // The k-partition of a problem: forced (tests, the bench's --fused-parts: 1 = none; n > 1 made
+  // valid by valid_parts) or the model's.
   const auto parts_of = [](const CanonGemm& p) {
     const int forced = g_fused_parts.load();
-    const int64_t cols = p.C / gemm_kernels::kFusedTileC;
-    const int64_t line = (p.R / gemm_kernels::kFusedTileR) * (p.Kc / 64);  // a column's k-steps
     return forced == 1  ? 0
-           : forced > 1 ? int(std::clamp<int64_t>(forced / cols, 1, line) * cols)
+           : forced > 1 ? int(gemm_kernels::valid_parts(forced, p.R / gemm_kernels::kFusedTileR,
+                                                        p.C / gemm_kernels::kFusedTileC, p.Kc / 64))
                         : gemm_kernels::fused_gemm_parts(p.R, p.C, p.Kc);
   };
   CanonGemm g = g_in;

@@ -84,7 +84,8 @@ FusedDequant gemm_fused_dequant();
 // tiles per CTA at small shapes.
 void set_gemm_fused_max_ctas(int n);
 // Forces the fused kernel's k-partition (0: its model's choice, fused_gemm_parts; 1: whole tiles;
-// n > 1: n parts, rounded down to a multiple of the output's 256-wide column tiles).
+// n > 1: n parts rounded down to a multiple of the output's 256-wide column tiles, at least one
+// and at most one per k-step per column: k_partition.h valid_parts).
 void set_gemm_fused_parts(int n);
 
 // CPU backend: f32 sgemm over the dequantized operands.

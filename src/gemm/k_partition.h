@@ -5,10 +5,11 @@
 // CTA, a multiple of the column tiles: part j works on column tile c = j % tiles_c, and the
 // parts of one column cut that column's k-steps, laid in one line (row tile r's steps at r·nk …
 // r·nk + nk - 1), into q = parts / tiles_c contiguous ranges of equal length ± 1. The tiles_c parts
-// with the same j / tiles_c therefore read the same A' rows and k-steps at the same time, and A'
-// comes from DRAM once for all the columns (one line over every tile spread a column's reads of
-// an A' panel over the whole kernel: the 124m MXFP8 qkv wgrad read 230 MB from DRAM for 63 MB of
-// operands, bench/results/h100-2026-11-27/wgrad-dram-1145). Equal lengths, where equal splits
+// with the same j / tiles_c therefore read the same A' rows and k-steps at the same time, so that
+// the columns' reads of an A' panel fall close together in L2 (one line over every tile spread
+// them over the whole kernel: the 124m MXFP8 qkv wgrad read 230 MB from DRAM for 63 MB of
+// operands, 171 MB with the columns side by side; bench/results/h100-2026-11-27/
+// wgrad-dram-1145, wgrad-column-parts-1150). Equal lengths, where equal splits
 // per tile can leave a second, partly idle wave (124m fc1 wgrad, 72 tiles × 3 splits on 132 SMs).
 //
 // In a column's line, part i starts at part_start(i); its piece of row tile r writes that
@@ -51,7 +52,15 @@ LOWBIT_HD void for_each_piece(int64_t total, int parts, int nk, int j, F&& f) {
 // The partial tiles (128 × 256 f32) of a k-partition into `parts` parts: tiles_r + q - 1 per
 // column.
 LOWBIT_HD int64_t partial_tiles(int tiles_r, int tiles_c, int parts) {
-  return parts > 0 ? int64_t(tiles_c) * (tiles_r + parts / tiles_c - 1) : 0;
+  return parts > 0 ? int64_t(tiles_c) * (int64_t(tiles_r) + parts / tiles_c - 1) : 0;
+}
+
+// A part count the kernel accepts for a requested n > 1 (tests, the bench's --fused-parts): n
+// rounded down to a multiple of tiles_c, but at least one part per column and at most one per
+// k-step of a column (q = parts / tiles_c in [1, tiles_r · nk]).
+inline int64_t valid_parts(int64_t n, int64_t tiles_r, int64_t tiles_c, int64_t nk) {
+  const int64_t q = n / tiles_c, line = tiles_r * nk;
+  return (q < 1 ? 1 : q > line ? line : q) * tiles_c;
 }
 
 // Calls f(r, c, kb_begin, kb_end, slot) for each piece of part j (0 ≤ j < parts, parts a multiple
@@ -60,7 +69,7 @@ LOWBIT_HD int64_t partial_tiles(int tiles_r, int tiles_c, int parts) {
 template <typename F>
 LOWBIT_HD void for_each_column_piece(int tiles_r, int tiles_c, int nk, int parts, int j, F&& f) {
   const int q = parts / tiles_c, c = j % tiles_c;
-  const int64_t first = int64_t(c) * (tiles_r + q - 1);
+  const int64_t first = int64_t(c) * (int64_t(tiles_r) + q - 1);
   for_each_piece(int64_t(tiles_r) * nk, q, nk, j / tiles_c, [&](int r, int kb0, int kb1, int s) {
     f(r, c, kb0, kb1, static_cast<int>(first + s));
   });
@@ -74,7 +83,7 @@ LOWBIT_HD void tile_slots(int tiles_r, int tiles_c, int nk, int parts, int r, in
   const int64_t total = int64_t(tiles_r) * nk;
   const int i0 = part_owner(total, q, int64_t(r) * nk);
   const int i1 = part_owner(total, q, int64_t(r) * nk + nk - 1);
-  *slot0 = static_cast<int>(int64_t(c) * (tiles_r + q - 1) + r + i0);
+  *slot0 = static_cast<int>(int64_t(c) * (int64_t(tiles_r) + q - 1) + r + i0);
   *count = i1 - i0 + 1;
 }
 

@@ -129,6 +129,24 @@ TEST(KPartition, ColumnPartsCoverOnceShareRowsAndSlotsAreExact) {
   }
 }
 
+// Forced counts (tests, --fused-parts) become counts the kernel accepts: a multiple of the
+// column tiles with 1 ≤ parts / tiles_c ≤ tiles_r · nk, n itself when it already is one.
+TEST(KPartition, ValidPartsAreAcceptedCounts) {
+  for (int64_t tr : {1, 2, 3, 18}) {
+    for (int64_t tc : {1, 2, 3}) {
+      for (int64_t nk : {1, 10, 256}) {
+        for (int64_t n = 2; n <= 400; ++n) {
+          const int64_t p = valid_parts(n, tr, tc, nk);
+          ASSERT_EQ(p % tc, 0) << n;
+          ASSERT_TRUE(p / tc >= 1 && p / tc <= tr * nk) << n << " → " << p;
+          if (n % tc == 0 && n / tc <= tr * nk) ASSERT_EQ(p, n);
+          if (n >= tc && n / tc <= tr * nk) ASSERT_LE(p, n) << "rounded down";
+        }
+      }
+    }
+  }
+}
+
 // The model's picks on 132 SMs at the 124m / 1b wgrads it was fitted to (tiles of 128 × 256, K =
 // 16384 tokens: nk = 256): qkv (18 × 3 tiles) 132 parts, proj (6 × 3) 7 splits = 126, fc1 (24 × 3)
 // 132; a problem with about one tile per SM (1b proj, 16 × 8) and one with more keep whole
