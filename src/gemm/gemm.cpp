@@ -290,6 +290,16 @@ CanonGemm canonicalize(const Context& ctx, const GemmOperand& a, const GemmOpera
         p, ri.a_name, ri.b_name);
   }
 
+  // Blackwell's block-scaled modes (sm_100+) take K in whole 32-element blocks: MX's block, and
+  // 16-byte leading dimensions of E2M1 (two per byte).
+  if (ctx.on_gpu() && g.backend == GemmBackend::kCublasLtBlockScaled) {
+    LOWBIT_USER_CHECK(g.Kc % 32 == 0,
+                      "{}: block-scaled operands {} and {} contract over {} = {}, which must be a "
+                      "multiple of 32 on this GPU (cuBLASLt VEC32_UE8M0 / VEC16_UE4M3); pad {} to "
+                      "a multiple of 32",
+                      p, ri.a_name, ri.b_name, ri.contracted, g.Kc, ri.contracted);
+  }
+
   // Fast accumulation (formats.md §3, §4.4): TE's default turns it on in fprop for per-tensor
   // FP8 only; the block-scaled modes reject it.
   const bool per_tensor = a.quantized() && a.q->mode == ScalingMode::kPerTensor;

@@ -22,6 +22,8 @@
 #include "gemm/gemm_internal.h"
 #include "gemm/k_partition.h"
 #include "lowbit/core/cuda_check.h"
+#include "lowbit/quant/layout.h"
+#include "quant/quant_cuda.h"
 
 namespace lowbit {
 namespace {
@@ -63,6 +65,7 @@ cudaDataType_t lt_type(DType t) {
     case DType::kF32: return CUDA_R_32F;
     case DType::kE4M3: return CUDA_R_8F_E4M3;
     case DType::kE5M2: return CUDA_R_8F_E5M2;
+    case DType::kE2M1: return CUDA_R_4F_E2M1;
     default: break;
   }
   throw_internal(__FILE__, __LINE__,
@@ -80,7 +83,9 @@ struct LtOperand {
   bool k_contiguous = true;
   int64_t rows = 0;  // R or C: the operand's non-contracted extent
   int64_t ld = 0;
-  const float* scale = nullptr;  // dequant scale_inv (FP8 modes), null = 1
+  // The dequant scales: FP8 modes' fp32 scale_inv (null = 1); the block-scaled MX / NVFP4 modes'
+  // one-byte scales in the Blackwell swizzle.
+  const void* scale = nullptr;
   int32_t scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 };
 
@@ -573,6 +578,52 @@ LtOperand fp8_operand(const CanonOperand& o, bool block) {
   return l;
 }
 
+// Bytes of the swizzled scales of a block-scaled (sm_100+) operand: [pad128(rows),
+// pad4(kc / block)] one-byte scales (0 for dense operands).
+size_t swizzled_scale_bytes(const CanonOperand& o) {
+  if (o.q == nullptr) return 0;
+  const int64_t block = o.q->mode == ScalingMode::kMX1x32 ? 32 : 16;
+  return align_up(size_t(pad128(o.rows)) * size_t(pad4((o.kc + block - 1) / block)));
+}
+
+// An MXFP8 or NVFP4 copy for cuBLASLt's block-scaled modes (sm_100+; not yet run on hardware):
+// the payload as stored ([rows, kc], K-contiguous: rowwise, or the transposed columnwise copy),
+// its compact scales swizzled into `swizzled` (swizzled_scale_bytes) on `stream`, and the
+// copy's NVFP4 global amax for the alpha fold.
+LtOperand block_scaled_operand(const CanonOperand& o, uint8_t* swizzled, const float** nvfp4_amax,
+                               cudaStream_t stream) {
+  const QuantizedTensor& q = *o.q;
+  const Tensor& data = copy_data(o);
+  const Tensor& scale = copy_scale(o);
+  LOWBIT_CHECK(data.defined() && scale.defined(), "gemm_cuda: the {} copy of {} is missing",
+               o.usage == Usage::kRowwise ? "rowwise" : "columnwise", q.str());
+  const bool mx = q.mode == ScalingMode::kMX1x32;
+  const bool fp8 = q.dtype == DType::kE4M3 || q.dtype == DType::kE5M2;
+  LOWBIT_CHECK(mx ? fp8 : (is_nvfp4_mode(q.mode) && q.dtype == DType::kE2M1),
+               "gemm_cuda: the block-scaled backend takes MXFP8 or NVFP4 copies, got {}", q.str());
+  const int64_t block = mx ? 32 : 16;
+  LOWBIT_CHECK(scale.shape()[0] == o.rows && scale.shape()[1] == (o.kc + block - 1) / block,
+               "gemm_cuda: scales {} of {} are not [rows {}, ceil(kc {} / {})]", scale.view().str(),
+               q.str(), o.rows, o.kc, block);
+  quant_cuda::swizzle_block_scales(scale.ptr<const uint8_t>(), o.rows, scale.shape()[1], swizzled,
+                                   stream);
+  if (!mx) {
+    const Tensor& amax = copy_amax(o);
+    LOWBIT_CHECK(amax.defined(), "gemm_cuda: NVFP4 {} has no global amax for its copy", q.str());
+    *nvfp4_amax = amax.ptr<const float>();
+  }
+  LtOperand l;
+  l.ptr = data.data();
+  l.dtype = q.dtype;
+  l.k_contiguous = true;
+  l.rows = o.rows;
+  l.ld = o.kc;  // in elements (E2M1: two per byte)
+  l.scale = swizzled;
+  l.scale_mode =
+      mx ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+  return l;
+}
+
 // Bytes of the bf16 buffer an emulated operand dequantizes into (0 for dense operands).
 size_t emulated_bytes(const CanonOperand& o) {
   return o.q != nullptr ? align_up(size_t(o.rows) * size_t(o.kc) * 2) : 0;
@@ -796,12 +847,6 @@ void set_gemm_fused_l2_hints(bool on) { g_fused_l2_hints.store(on); }
 
 void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const GemmOptions& opt) {
   LOWBIT_CHECK(ctx.on_gpu(), "gemm_cuda on a CPU context");
-  if (g.backend == GemmBackend::kCublasLtBlockScaled) {
-    throw UserError(
-        "gemm: block-scaled MX / NVFP4 tensor-core GEMMs (cuBLASLt VEC32_UE8M0 / VEC16_UE4M3, "
-        "sm_100+) are not yet supported on this GPU in this build; on Hopper MX and NVFP4 "
-        "operands run through the emulated BF16 path");
-  }
   LOWBIT_CHECK(out.dtype == DType::kBF16 || out.dtype == DType::kF32,
                "gemm_cuda: out must be bf16 or f32, got {}", out.str());
   LOWBIT_CHECK(out.ndim() == 2 && out.shape[0] == g.R && out.shape[1] == g.C,
@@ -858,8 +903,13 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
     // One workspace request per call: cuBLASLt's 32 MiB, then the bf16 buffers of the
     // emulated path, then alpha/beta for device pointer mode.
     const bool emulated = g.backend == GemmBackend::kEmulatedBf16;
-    const size_t buf_a = emulated ? emulated_bytes(g.a) : 0;
-    const size_t buf_b = emulated ? emulated_bytes(g.b) : 0;
+    const bool block_scaled = g.backend == GemmBackend::kCublasLtBlockScaled;
+    const size_t buf_a = emulated       ? emulated_bytes(g.a)
+                         : block_scaled ? swizzled_scale_bytes(g.a)
+                                        : 0;
+    const size_t buf_b = emulated       ? emulated_bytes(g.b)
+                         : block_scaled ? swizzled_scale_bytes(g.b)
+                                        : 0;
     auto* ws = static_cast<char*>(ctx.workspace(kLtWorkspaceBytes + buf_a + buf_b + kAlign));
     p.workspace = ws;
     auto* dq_a = reinterpret_cast<uint16_t*>(ws + kLtWorkspaceBytes);
@@ -896,6 +946,31 @@ void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const Ge
         p.fp8 = true;
         // Block-scaled modes reject fast accumulation.
         p.fast_accum = block ? false : g.fast_accum;
+        break;
+      }
+      case GemmBackend::kCublasLtBlockScaled: {
+        // sm_100+ (not yet run on hardware): the MXFP8 / NVFP4 payloads go to cuBLASLt as they
+        // are, with their scales swizzled into the workspace (formats.md §4.6); NVFP4's global
+        // factors are folded into alpha on the device as on the emulated path.
+        LOWBIT_CHECK(g.a.q != nullptr && g.b.q != nullptr,
+                     "gemm_cuda: the block-scaled backend needs two quantized operands");
+        LOWBIT_USER_CHECK(!(g.a.q->dtype == DType::kE5M2 && g.b.q->dtype == DType::kE5M2),
+                          "gemm: E5M2 × E5M2 is not supported by cuBLASLt (formats.md §4.2); "
+                          "quantize one operand as E4M3 (the HYBRID format)");
+        const float* amax_a = nullptr;
+        const float* amax_b = nullptr;
+        p.b = block_scaled_operand(g.a, reinterpret_cast<uint8_t*>(dq_a), &amax_a, stream);
+        p.a = block_scaled_operand(g.b, reinterpret_cast<uint8_t*>(dq_b), &amax_b, stream);
+        p.fp8 = true;  // the scale-mode attributes
+        p.fast_accum = false;
+        if (amax_a != nullptr || amax_b != nullptr) {
+          const gemm_kernels::Nvfp4Alpha alpha{opt.alpha, opt.beta, amax_a, amax_b, scalars};
+          gemm_kernels::dequant_pair_to_bf16(gemm_kernels::DequantJob{}, gemm_kernels::DequantJob{},
+                                             &alpha, stream);  // alpha' only
+          p.device_pointers = true;
+          p.alpha = scalars;
+          p.beta = scalars + 1;
+        }
         break;
       }
       case GemmBackend::kEmulatedBf16: {

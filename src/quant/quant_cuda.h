@@ -92,6 +92,11 @@ void nvfp4(const T* x, int64_t M, int64_t K, bool rowwise, bool columnwise, bool
            uint8_t* qt_scale, float* amax_row, float* amax_col, bool amax_ready, uint32_t* acc,
            cudaStream_t stream);
 
+// The Blackwell block-scale swizzle (block_scale_swizzle.cu): compact one-byte scales [R, C] →
+// out [pad128(R), pad4(C)] (every byte written, padding zero).
+void swizzle_block_scales(const uint8_t* compact, int64_t R, int64_t C, uint8_t* out,
+                          cudaStream_t stream);
+
 // MX (E8M0 per 32): rowwise q [M, K] with scales [M, K/32]; columnwise qc [K, M] (transposed:
 // the rowwise blocks of x^T) with scales [K, M/32]. E2M1 payloads are packed two per byte.
 template <typename T>

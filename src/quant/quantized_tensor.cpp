@@ -2,6 +2,7 @@
 // swizzle, and the device dispatch of quantize / dequantize.
 #include <string>
 
+#include "lowbit/core/cuda_check.h"
 #include "lowbit/formats.h"
 #include "lowbit/quant.h"
 #include "lowbit/quant/layout.h"
@@ -378,12 +379,15 @@ Tensor swizzle_block_scales(const TensorView& compact) {
   LOWBIT_CHECK(compact.ndim() == 2 && dtype_bits(compact.dtype) == 8 && compact.is_contiguous(),
                "swizzle_block_scales takes contiguous one-byte scales [R, C], got {}",
                compact.str());
-  if (compact.device.is_cuda()) {
-    const Tensor host = swizzle_block_scales(Tensor::copy_of(compact, Device::cpu()).view());
-    return Tensor::copy_of(host.view(), compact.device);
-  }
   const int64_t r_count = compact.size(0), c_count = compact.size(1);
   const int64_t r_pad = pad128(r_count), c_pad = pad4(c_count);
+  if (compact.device.is_cuda()) {  // the kernel twin of the loop below, on the legacy stream
+    Tensor out = Tensor::empty({r_pad, c_pad}, compact.dtype, compact.device);
+    quant_cuda::swizzle_block_scales(compact.ptr<const uint8_t>(), r_count, c_count,
+                                     out.ptr<uint8_t>(), nullptr);
+    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    return out;
+  }
   Tensor out = Tensor::zeros({r_pad, c_pad}, compact.dtype, Device::cpu());  // tiles, zero pad
   const uint8_t* src = compact.ptr<const uint8_t>();
   uint8_t* dst = out.ptr<uint8_t>();

@@ -256,6 +256,23 @@ TEST_F(GpuQuant, Nvfp4TileGroupsWithAPartialLastGroupMatchCpuTwin) {
   }
 }
 
+// The Blackwell scale swizzle's kernel (block_scale_swizzle.cu) against its CPU twin, byte for
+// byte with the zero padding, on shapes that end mid-tile in both directions.
+TEST_F(GpuQuant, BlockScaleSwizzleKernelMatchesCpuTwin) {
+  for (const auto& [r, c] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {65, 3}, {128, 4}, {200, 33}, {993, 32}, {4096, 17}}) {
+    SCOPED_TRACE(testing::Message() << r << "x" << c);
+    Tensor host = Tensor::empty({r, c}, DType::kE8M0, Device::cpu());
+    uint8_t* h = host.ptr<uint8_t>();
+    for (int64_t i = 0; i < r * c; ++i) h[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+    const Tensor want = swizzle_block_scales(host.view());
+    const Tensor dev = Tensor::copy_of(host.view(), Device::cuda(0));
+    const Tensor got = Tensor::copy_of(swizzle_block_scales(dev.view()).view(), Device::cpu());
+    ASSERT_EQ(got.shape(), want.shape());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), size_t(want.numel())), 0);
+  }
+}
+
 // An f32 source quantized with round_source_to_bf16 (a weight from its f32 master): the GPU
 // (per-tensor: the cast rounds on load; other modes: through a rounded copy) against the CPU
 // twin, which rounds first. The source's low mantissa bits are set, so that skipping the
