@@ -127,6 +127,14 @@ RecipeSupport recipe_support(Recipe r, const GpuInfo* gpu, int64_t cublaslt_vers
     }
     return mx_emulated_before_sm100();
   }
+  // MXFP8 / NVFP4 take cuBLASLt's block-scaled modes from 12.9 on (gemm_backend_for); a known
+  // older library means the exact emulation (0: not queried, assumed recent).
+  if (is_microscaled(r) && cublaslt_version > 0 && cublaslt_version < kCublasLtBlockScaledVersion) {
+    return emulated(fmt::format(
+        "cuBLASLt {} predates the VEC32_UE8M0 / VEC16_UE4M3 block-scaled modes (>= {}): exact "
+        "emulation on 16-bit tensor cores",
+        cublaslt_version_str(cublaslt_version), cublaslt_version_str(kCublasLtBlockScaledVersion)));
+  }
   if (gpu->sm_major <= 12) return blackwell(r, kNotRun);  // sm_100, sm_103, sm_110, sm_120
   return blackwell(r, fmt::format("; sm_{} is newer than the GPUs these rules know, assumed to "
                                   "match sm_120{}",
@@ -134,9 +142,9 @@ RecipeSupport recipe_support(Recipe r, const GpuInfo* gpu, int64_t cublaslt_vers
 }
 
 RecipeSupport recipe_support(Recipe r, const GpuInfo* gpu) {
-  // Only Hopper's answer depends on the library, so only then is it queried.
+  // Only Hopper's and Blackwell's answers depend on the library, so only then is it queried.
   const int64_t cublaslt =
-      (gpu != nullptr && gpu->sm_major == 9) ? library_versions().cublaslt.version_code : 0;
+      (gpu != nullptr && gpu->sm_major >= 9) ? library_versions().cublaslt.version_code : 0;
   return recipe_support(r, gpu, cublaslt);
 }
 

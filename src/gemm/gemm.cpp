@@ -10,6 +10,7 @@
 #include "lowbit/core/error.h"
 #include "lowbit/core/sysinfo.h"
 #include "lowbit/gemm.h"
+#include "lowbit/recipe.h"
 
 namespace lowbit {
 
@@ -215,9 +216,12 @@ GemmBackend gemm_backend_for(const Context& ctx, const GemmOperand& a, const Gem
     case Family::kNVFP4: {
       // Blackwell runs MXFP8 and NVFP4 natively; MX FP6/FP4 and everything on Hopper go through
       // the exact dequantization to bf16.
+      // The block-scaled modes need cuBLASLt 12.9+ (recipe_support says the same).
       const bool native = fa == Family::kNVFP4 || (is_fp8(a.q->dtype) && is_fp8(b.q->dtype));
-      return native && context_sm(ctx) >= 100 ? GemmBackend::kCublasLtBlockScaled
-                                              : GemmBackend::kEmulatedBf16;
+      return native && context_sm(ctx) >= 100 &&
+                     library_versions().cublaslt.version_code >= kCublasLtBlockScaledVersion
+                 ? GemmBackend::kCublasLtBlockScaled
+                 : GemmBackend::kEmulatedBf16;
     }
   }
   return GemmBackend::kEmulatedBf16;
@@ -290,14 +294,11 @@ CanonGemm canonicalize(const Context& ctx, const GemmOperand& a, const GemmOpera
         p, ri.a_name, ri.b_name);
   }
 
-  // Blackwell's block-scaled modes (sm_100+) take K in whole 32-element blocks: MX's block, and
-  // 16-byte leading dimensions of E2M1 (two per byte).
-  if (ctx.on_gpu() && g.backend == GemmBackend::kCublasLtBlockScaled) {
-    LOWBIT_USER_CHECK(g.Kc % 32 == 0,
-                      "{}: block-scaled operands {} and {} contract over {} = {}, which must be a "
-                      "multiple of 32 on this GPU (cuBLASLt VEC32_UE8M0 / VEC16_UE4M3); pad {} to "
-                      "a multiple of 32",
-                      p, ri.a_name, ri.b_name, ri.contracted, g.Kc, ri.contracted);
+  // Blackwell's block-scaled modes (sm_100+) take K in whole 32-element blocks (MX's block, and
+  // 16-byte leading dimensions of E2M1, two per byte); other contractions (NVFP4 allows K % 16)
+  // run through the exact emulation instead.
+  if (g.backend == GemmBackend::kCublasLtBlockScaled && g.Kc % 32 != 0) {
+    g.backend = GemmBackend::kEmulatedBf16;
   }
 
   // Fast accumulation (formats.md §3, §4.4): TE's default turns it on in fprop for per-tensor

@@ -273,7 +273,8 @@ Plan build_plan(cublasLtHandle_t lt, const LtProblem& p) {
     throw UserError(fmt::format(
         "gemm: cuBLASLt offers no algorithm for this problem on this GPU ({}; status {}). FP8 "
         "operands need the contracted dimension and leading dimensions padded to a multiple "
-        "of 16 and 16-byte aligned data",
+        "of 16 (E2M1: 32) and 16-byte aligned data; the block-scaled MX / NVFP4 modes need "
+        "sm_100+",
         describe(p), static_cast<int>(st)));
   }
   return plan;

@@ -107,6 +107,19 @@ TEST(Recipe, BlackwellSm100AndSm103) {
   }
 }
 
+// MXFP8 / NVFP4 on Blackwell need cuBLASLt's block-scaled modes (12.9+); with an older library
+// they fall back to the emulation, and the other recipes do not depend on it.
+TEST(Recipe, BlackwellMicroscaledNeedsCublasLt129) {
+  for (Recipe r : {Recipe::kMXFP8, Recipe::kNVFP4}) {
+    EXPECT_EQ(level(r, 10, 0, kCublasLtBlockScaledVersion), N) << recipe_name(r);
+    EXPECT_EQ(level(r, 10, 0, kCublasLt128), E) << recipe_name(r);
+    const std::string why = reason(r, 10, 0, kCublasLt128);
+    EXPECT_NE(why.find("12.8.0"), std::string::npos) << why;
+    EXPECT_NE(why.find("12.9.0"), std::string::npos) << why;
+  }
+  EXPECT_EQ(level(Recipe::kFP8, 10, 0, kCublasLt128), N);
+}
+
 TEST(Recipe, BlackwellSm120) {
   for (Recipe r : {Recipe::kFP8, Recipe::kMXFP8, Recipe::kNVFP4}) {
     EXPECT_EQ(level(r, 12, 0), N) << recipe_name(r);
