@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_attr.h"
 #include "gemm/fused_dequant_gemm.h"
 #include "gemm/gemm_cuda_kernels.h"
 #include "gemm/gemm_internal.h"
@@ -697,6 +698,13 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
                         const GemmOptions& opt, const void* c_data, int64_t ldd) {
   const FusedDequant mode = gemm_fused_dequant();
   if (mode == FusedDequant::kOff) return false;
+  // The fused kernel is sm_90a code (wgmma): elsewhere (Blackwell falling back to the emulation)
+  // the unfused path runs.
+  const int dev = ctx.device().index;
+  if (cached_device_attr(dev, cudaDevAttrComputeCapabilityMajor) != 9 ||
+      cached_device_attr(dev, cudaDevAttrComputeCapabilityMinor) != 0) {
+    return false;
+  }
   const auto qualifies = [](const CanonGemm& p) {
     const std::optional<gemm_kernels::FusedKind> k = fused_kind(p);
     return k && gemm_kernels::fused_gemm_shape_ok(*k, p.R, p.C, p.Kc);
