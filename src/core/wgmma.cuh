@@ -15,6 +15,15 @@
 
 #include <cstdint>
 
+// wgmma and setmaxnreg exist on sm_90a only. In a build that also targets Blackwell the
+// instructions compile to a trap there, and the host launches the kernels that use them only on
+// compute capability 9.0 (gemm_cuda.cpp try_fused_emulated, attention.cu default_tiles).
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LOWBIT_SM90A 1
+#else
+#define LOWBIT_SM90A 0
+#endif
+
 namespace lowbit::wgmma {
 
 // The 32 fp32 accumulator registers of an m64n64 product: the PTX list and the asm operands.
@@ -60,16 +69,28 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 
 __device__ __forceinline__ void fence() {
+#if LOWBIT_SM90A
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
 }
 
 __device__ __forceinline__ void commit() {
+#if LOWBIT_SM90A
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
 }
 
 template <int N>
 __device__ __forceinline__ void wait() {
+#if LOWBIT_SM90A
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#else
+  __trap();
+#endif
 }
 
 // d [64×64 f32] (+)= A [64×16] · B, A and B bf16 in shared memory. kTransB = 0: B given as
@@ -79,6 +100,7 @@ __device__ __forceinline__ void wait() {
 template <int kTransB>
 __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                               int accumulate) {
+#if LOWBIT_SM90A
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -89,6 +111,9 @@ __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint64_t desc_a, u
       "}\n"
       : LOWBIT_WGMMA_D32(d)
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+#else
+  __trap();
+#endif
 }
 
 // The same with A [64×16] from registers: a[0..3] per thread as mma.m16n8k16's A fragment of
@@ -97,6 +122,7 @@ __device__ __forceinline__ void mma_m64n64k16(float (&d)[32], uint64_t desc_a, u
 template <int kTransB>
 __device__ __forceinline__ void mma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4],
                                                  uint64_t desc_b, int accumulate) {
+#if LOWBIT_SM90A
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -107,6 +133,9 @@ __device__ __forceinline__ void mma_m64n64k16_rs(float (&d)[32], const uint32_t 
       "}\n"
       : LOWBIT_WGMMA_D32(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+#else
+  __trap();
+#endif
 }
 
 // Issues d (+)= A·Bᵀ over k = 0 .. 63 for 64×64 bf16 tiles A [m][k] and B [n][k] (K-major, 128B

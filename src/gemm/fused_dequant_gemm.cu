@@ -171,6 +171,9 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 template <bool kF16>
 __device__ __forceinline__ void mma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4],
                                                   uint64_t desc_b, int accumulate) {
+#if !LOWBIT_SM90A
+  __trap();
+#else
   if constexpr (kF16) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
@@ -186,6 +189,7 @@ __device__ __forceinline__ void mma_m64n256k16_rs(float (&d)[128], const uint32_
         : LOWBIT_D128(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
   }
+#endif
 }
 
 // Keeps registers live and in place across an asynchronous wgmma (which reads the A fragment
@@ -367,7 +371,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {
     // ---- Producer warpgroup: warp 0 fills the ring; the other three idle. ----
+#if LOWBIT_SM90A
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+#endif
     if (warp != 0) return;
     const int64_t scale_row = kF16 ? p.K / 16 : p.K / 32;  // bytes per row of A''s scales
     int s = 0;
@@ -408,7 +414,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- Consumer warpgroups: rows 64·cw … 64·cw + 63 of each tile. ----
+#if LOWBIT_SM90A
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+#endif
   const int cw = warp / 4 - 1;
   const int g = lane / 4, c = lane % 4;
   const int row0 = cw * 64 + (warp % 4) * 16 + g;  // and row0 + 8

@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device_attr.h"
 #include "core/pdl.cuh"
 #include "core/tma.cuh"
 #include "core/tma.h"
@@ -2064,6 +2065,22 @@ CudaTiles default_tiles(int dh) {
   return t;
 }
 
+namespace {
+// The defaults for the current GPU: the wgmma kernels are sm_90a code (core/wgmma.cuh), so other
+// GPUs (Blackwell, in a build that targets it) run the mma.sync kernels of the same tiles, which
+// every default names (fwd_variants, dkv_variants, dq_variants).
+CudaTiles default_tiles_here(int dh) {
+  CudaTiles t = default_tiles(dh);
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  if (cached_device_attr(dev, cudaDevAttrComputeCapabilityMajor) != 9 ||
+      cached_device_attr(dev, cudaDevAttrComputeCapabilityMinor) != 0) {
+    t.fwd_wgmma = t.fwd_tma = t.dkv_wgmma = t.dkv_tma = t.dq_wgmma = t.dq_tma = false;
+  }
+  return t;
+}
+}  // namespace
+
 std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
   std::vector<CudaTiles> out = {default_tiles(dh)};
   {  // the wgmma forward with cp.async loads
@@ -2123,7 +2140,7 @@ void attention_fwd_cuda(Context& ctx, const TensorView& out, const TensorView& l
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
   const int dh = static_cast<int>(q.size(3));
   check_grid("attention_fwd", B, H, T);
-  const CudaTiles t = tiles != nullptr ? *tiles : default_tiles(dh);
+  const CudaTiles t = tiles != nullptr ? *tiles : default_tiles_here(dh);
   FwdParams p{};
   p.q = bf16_in(q), p.k = bf16_in(k), p.v = bf16_in(v);
   p.out = bf16_out(out), p.lse = lse.ptr<float>();
@@ -2163,7 +2180,7 @@ void attention_bwd_run(Context& ctx, const TensorView& dq, const TensorView& dk,
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Hkv = k.size(2);
   const int dh = static_cast<int>(q.size(3));
   check_grid("attention_bwd", B, H, T);
-  const CudaTiles t = tiles != nullptr ? *tiles : default_tiles(dh);
+  const CudaTiles t = tiles != nullptr ? *tiles : default_tiles_here(dh);
   cudaStream_t stream = ctx.stream();
 
   // dq_from_ds: the batch runs in chunks whose dSᵀ tiles fit the budget (a chunk that would not
