@@ -2069,12 +2069,16 @@ namespace {
 // The defaults for the current GPU: the wgmma kernels are sm_90a code (core/wgmma.cuh), so other
 // GPUs (Blackwell, in a build that targets it) run the mma.sync kernels of the same tiles, which
 // every default names (fwd_variants, dkv_variants, dq_variants).
-CudaTiles default_tiles_here(int dh) {
-  CudaTiles t = default_tiles(dh);
+bool wgmma_here() {
   int dev = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-  if (cached_device_attr(dev, cudaDevAttrComputeCapabilityMajor) != 9 ||
-      cached_device_attr(dev, cudaDevAttrComputeCapabilityMinor) != 0) {
+  return cached_device_attr(dev, cudaDevAttrComputeCapabilityMajor) == 9 &&
+         cached_device_attr(dev, cudaDevAttrComputeCapabilityMinor) == 0;
+}
+
+CudaTiles default_tiles_here(int dh) {
+  CudaTiles t = default_tiles(dh);
+  if (!wgmma_here()) {
     t.fwd_wgmma = t.fwd_tma = t.dkv_wgmma = t.dkv_tma = t.dq_wgmma = t.dq_tma = false;
   }
   return t;
@@ -2082,8 +2086,8 @@ CudaTiles default_tiles_here(int dh) {
 }  // namespace
 
 std::vector<CudaTiles> candidate_fwd_tiles(int dh) {
-  std::vector<CudaTiles> out = {default_tiles(dh)};
-  {  // the wgmma forward with cp.async loads
+  std::vector<CudaTiles> out = {default_tiles_here(dh)};
+  if (wgmma_here()) {  // the wgmma forward with cp.async loads
     CudaTiles t = default_tiles(dh);
     t.fwd_tma = false;
     out.push_back(t);
@@ -2103,6 +2107,7 @@ std::vector<CudaTiles> candidate_bwd_tiles(int dh) {
   // The cp.async wgmma dK/dV pass with the mma.sync dQ pass, the cp.async wgmma one and the TMA
   // one; then the default (both wgmma passes on TMA).
   for (int dq : {0, 1, 2}) {
+    if (!wgmma_here()) break;
     CudaTiles t = default_tiles(dh);
     t.dkv_wgmma = true;
     t.dkv_tma = false;
@@ -2111,7 +2116,7 @@ std::vector<CudaTiles> candidate_bwd_tiles(int dh) {
     t.dq_from_ds = false;
     out.push_back(t);
   }
-  out.push_back(default_tiles(dh));  // both wgmma passes with TMA loads
+  out.push_back(default_tiles_here(dh));  // both wgmma passes with TMA loads (sm_90a)
   {
     CudaTiles t = default_tiles(dh);
     t.dq_from_ds = true;

@@ -69,9 +69,11 @@ struct CudaTiles {
   int64_t ds_min_chunk_blocks = 512;
 };
 
-// The tiles attention_fwd / attention_bwd use for head dim `dh` (64 or 128).
+// The tiles attention_fwd / attention_bwd use for head dim `dh` (64 or 128) on an sm_90a GPU
+// (elsewhere the same tiles on the mma.sync kernels: the wgmma ones are sm_90a code).
 CudaTiles default_tiles(int dh);
-// Every compiled combination for `dh`, for the benchmark sweep (the default is among them).
+// Every combination the current GPU runs for `dh` (the wgmma ones on compute capability 9.0
+// only), for the benchmark sweep and the tests (the default is among them).
 std::vector<CudaTiles> candidate_fwd_tiles(int dh);
 std::vector<CudaTiles> candidate_bwd_tiles(int dh);
 
