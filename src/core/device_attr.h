@@ -26,6 +26,13 @@ inline int cached_device_attr(int device, cudaDeviceAttr attr) {
   return value;
 }
 
+// Whether `device` is compute capability 9.0, the only GPU the sm_90a kernels (wgmma,
+// setmaxnreg: core/wgmma.cuh) run on.
+inline bool is_sm90(int device) {
+  return cached_device_attr(device, cudaDevAttrComputeCapabilityMajor) == 9 &&
+         cached_device_attr(device, cudaDevAttrComputeCapabilityMinor) == 0;
+}
+
 // SMs of `device`.
 inline int sm_count(int device) {
   return cached_device_attr(device, cudaDevAttrMultiProcessorCount);

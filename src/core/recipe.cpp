@@ -127,9 +127,9 @@ RecipeSupport recipe_support(Recipe r, const GpuInfo* gpu, int64_t cublaslt_vers
     }
     return mx_emulated_before_sm100();
   }
-  // MXFP8 / NVFP4 take cuBLASLt's block-scaled modes from 12.9 on (gemm_backend_for); a known
-  // older library means the exact emulation (0: not queried, assumed recent).
-  if (is_microscaled(r) && cublaslt_version > 0 && cublaslt_version < kCublasLtBlockScaledVersion) {
+  // MXFP8 / NVFP4 take cuBLASLt's block-scaled modes from 12.9 on, as gemm_backend_for decides;
+  // an older (or unknown) library means the exact emulation.
+  if (is_microscaled(r) && cublaslt_version < kCublasLtBlockScaledVersion) {
     return emulated(fmt::format(
         "cuBLASLt {} predates the VEC32_UE8M0 / VEC16_UE4M3 block-scaled modes (>= {}): exact "
         "emulation on 16-bit tensor cores",

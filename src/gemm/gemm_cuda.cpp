@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/current_device.h"
 #include "core/device_attr.h"
 #include "gemm/fused_dequant_gemm.h"
 #include "gemm/gemm_cuda_kernels.h"
@@ -281,28 +282,6 @@ Plan build_plan(cublasLtHandle_t lt, const LtProblem& p) {
   return plan;
 }
 
-// Makes `dev` the calling thread's current device for the guard's lifetime (the timing's events
-// and scratch buffer belong to the context's device).
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int dev) {
-    LOWBIT_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ != dev) {
-      LOWBIT_CUDA_CHECK(cudaSetDevice(dev));
-    } else {
-      prev_ = -1;
-    }
-  }
-  ~CurrentDevice() {
-    if (prev_ >= 0) cudaSetDevice(prev_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int prev_ = -1;
-};
-
 // CUDA events, destroyed with the object (also when an exception leaves the timing).
 struct Events {
   std::vector<cudaEvent_t> ev;
@@ -345,6 +324,7 @@ int time_candidates(Context& ctx, cublasLtHandle_t lt, const Plan& plan, const L
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LOWBIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return -1;
+  // The timing's events and scratch buffer belong to the context's device.
   const CurrentDevice device(ctx.device().index);
 
   const bool in_place = !p.device_pointers && *p.beta == 0.0f;
@@ -700,11 +680,7 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
   if (mode == FusedDequant::kOff) return false;
   // The fused kernel is sm_90a code (wgmma): elsewhere (Blackwell falling back to the emulation)
   // the unfused path runs.
-  const int dev = ctx.device().index;
-  if (cached_device_attr(dev, cudaDevAttrComputeCapabilityMajor) != 9 ||
-      cached_device_attr(dev, cudaDevAttrComputeCapabilityMinor) != 0) {
-    return false;
-  }
+  if (!is_sm90(ctx.device().index)) return false;
   const auto qualifies = [](const CanonGemm& p) {
     const std::optional<gemm_kernels::FusedKind> k = fused_kind(p);
     return k && gemm_kernels::fused_gemm_shape_ok(*k, p.R, p.C, p.Kc);

@@ -2072,8 +2072,7 @@ namespace {
 bool wgmma_here() {
   int dev = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-  return cached_device_attr(dev, cudaDevAttrComputeCapabilityMajor) == 9 &&
-         cached_device_attr(dev, cudaDevAttrComputeCapabilityMinor) == 0;
+  return is_sm90(dev);
 }
 
 CudaTiles default_tiles_here(int dh) {

@@ -2,6 +2,7 @@
 // swizzle, and the device dispatch of quantize / dequantize.
 #include <string>
 
+#include "core/current_device.h"
 #include "lowbit/core/cuda_check.h"
 #include "lowbit/formats.h"
 #include "lowbit/quant.h"
@@ -382,15 +383,12 @@ Tensor swizzle_block_scales(const TensorView& compact) {
   const int64_t r_count = compact.size(0), c_count = compact.size(1);
   const int64_t r_pad = pad128(r_count), c_pad = pad4(c_count);
   if (compact.device.is_cuda()) {  // the kernel twin of the loop below, on the legacy stream
-    int prev = 0;
-    LOWBIT_CUDA_CHECK(cudaGetDevice(&prev));
-    LOWBIT_CUDA_CHECK(cudaSetDevice(compact.device.index));
+    const CurrentDevice device(compact.device.index);
     Tensor out = Tensor::empty({r_pad, c_pad}, compact.dtype, compact.device);
     quant_cuda::swizzle_block_scales(compact.ptr<const uint8_t>(), r_count, c_count,
                                      out.ptr<uint8_t>(), nullptr);
     // Synchronous, as this function has always been for its callers (tests, tools).
     LOWBIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-    LOWBIT_CUDA_CHECK(cudaSetDevice(prev));
     return out;
   }
   Tensor out = Tensor::zeros({r_pad, c_pad}, compact.dtype, Device::cpu());  // tiles, zero pad

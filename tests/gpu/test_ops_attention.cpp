@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_attr.h"
 #include "lowbit/ops.h"
 #include "ops/attention_impl.h"
 #include "ops/attention_ref64.h"
@@ -291,11 +292,9 @@ TEST(AttentionGpu, EveryTileVariantMatchesTheTwin) {
 // grouped heads, views into a fused qkv row, and a [B, H, T, Dh] buffer seen as [B, T, H, Dh],
 // for which no tensor map is made and the cp.async kernels run.
 TEST(AttentionGpu, TmaPassesGiveTheCpAsyncBits) {
-  int dev = 0, major = 0, minor = 0;
+  int dev = 0;
   cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 || minor != 0) GTEST_SKIP() << "the wgmma passes are sm_90a code";
+  if (!is_sm90(dev)) GTEST_SKIP() << "the wgmma passes are sm_90a code";
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
   Context ctx(Device::cuda(0));
   for (int64_t Dh : {64, 128}) {

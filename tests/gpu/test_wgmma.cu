@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "core/device_attr.h"
 #include "core/wgmma.cuh"
 #include "lowbit/core.h"
 #include "lowbit/formats.h"
@@ -108,11 +109,9 @@ double run_probe(bool trans_b, const Offsets& o, const std::vector<uint16_t>& a,
 }
 
 TEST(Wgmma, SwizzledTilesGiveTheProduct) {
-  int dev = 0, major = 0, minor = 0;
+  int dev = 0;
   cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 || minor != 0) GTEST_SKIP() << "wgmma is sm_90a only";
+  if (!is_sm90(dev)) GTEST_SKIP() << "wgmma is sm_90a only";
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);
