@@ -361,12 +361,8 @@ std::vector<GemmBenchRow> run_gemm_bench(const GemmBenchOptions& opt) {
   Context ctx(Device::cuda(0));
   cudaStream_t stream = ctx.stream();
   set_gemm_fused_parts(opt.fused_parts);
-  set_gemm_fused_l2_hints(opt.fused_l2_hints);
   struct PartsReset {
-    ~PartsReset() {
-      set_gemm_fused_parts(0);
-      set_gemm_fused_l2_hints(false);
-    }
+    ~PartsReset() { set_gemm_fused_parts(0); }
   } parts_reset;
   const auto has_role = [&](GemmRole r) {
     return std::find(opt.roles.begin(), opt.roles.end(), r) != opt.roles.end();

@@ -34,8 +34,6 @@ struct GemmBenchOptions {
   // 1: whole tiles; n > 1: about n parts, k_partition.h valid_parts), to compare partitions in
   // one run.
   int fused_parts = 0;
-  // Developer: the k-partitioned fused kernel reads A' with the L2 evict-first policy.
-  bool fused_l2_hints = false;
 };
 
 struct GemmBenchRow {

@@ -305,7 +305,6 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
     int iters = 30;
     int warmup = 5;
     int fused_parts = 0;
-    bool fused_l2_hints = false;
     std::string json_out;
   };
   auto g = std::make_shared<GemmOpts>();
@@ -335,12 +334,10 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       ->add_option("--fused-parts", g->fused_parts,
                    "Developer: k-partition of the fused MX / NVFP4 kernel for every shape (0: its "
                    "model's choice, 1: whole tiles, N: about N parts, a multiple of the output's "
-                   "256-wide column tiles)")
+                   "256-wide column "
+                   "tiles)")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
-  gemm_cmd->add_flag("--fused-l2-hints", g->fused_l2_hints,
-                     "Developer: the k-partitioned fused MX / NVFP4 kernel reads A' with the L2 "
-                     "evict-first policy");
   gemm_cmd->callback([g, &action] {
     action = [g] {
       bench::GemmBenchOptions opt;
@@ -350,7 +347,6 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       opt.iters = g->iters;
       opt.warmup = g->warmup;
       opt.fused_parts = g->fused_parts;
-      opt.fused_l2_hints = g->fused_l2_hints;
       const std::vector<GpuInfo> gpus = list_gpus();
       LOWBIT_USER_CHECK(!gpus.empty(), "bench gemm needs a CUDA GPU; none was found");
       std::ofstream f;

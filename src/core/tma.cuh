@@ -64,24 +64,6 @@ __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, ui
       : "memory");
 }
 
-// An L2 eviction policy for the .L2::cache_hint forms below: evict-first, for data read once
-// (its lines are the first replaced, so that it does not push out what is read again).
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-
-// load_2d with an L2 eviction policy (l2_evict_first_policy).
-__device__ __forceinline__ void load_2d_hint(uint32_t dst, const CUtensorMap* map, uint32_t bar,
-                                             int c0, int c1, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "l"(policy)
-      : "memory");
-}
-
 // Shared → global tile store through the tensor map (completion tracked by bulk groups).
 __device__ __forceinline__ void store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
   asm volatile(

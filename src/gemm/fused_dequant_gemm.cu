@@ -311,9 +311,8 @@ struct KernelArgs {
   int64_t ldd;
   const void* bias;
   bool bias_bf16;
-  int l2_hints;  // FusedGemmArgs::l2_hints
-  int parts;     // 0: whole tiles, out is the result; > 0: k-partition (for_each_work), out holds
-                 // the f32 partial tiles
+  int parts;  // 0: whole tiles, out is the result; > 0: k-partition (for_each_work), out holds
+              // the f32 partial tiles
 };
 
 // Calls f(m0, n0, kb_begin, kb_end, slot) for every piece of work of this CTA, in order: whole
@@ -378,38 +377,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t scale_row = kF16 ? p.K / 16 : p.K / 32;  // bytes per row of A''s scales
     int s = 0;
     uint32_t ph = 0;
-    const bool a_hint = p.l2_hints != 0 && p.parts > 0;
-    const uint64_t a_policy = a_hint ? tma::l2_evict_first_policy() : 0;
-    for_each_work(
-        p.parts, tiles_r, tiles_c, nk, [&](int m0, int n0, int kb_begin, int kb_end, int) {
-          for (int kb = kb_begin; kb < kb_end; ++kb) {
-            tma::mbar_wait(empty(s), ph ^ 1u);
-            const uint32_t st = smem0 + s * kStage;
-            if (lane == 0) {
-              tma::mbar_arrive_expect_tx(full(s), kBBytes + kBM * kRowBytes);
-              tma::load_2d(st, &b_map, full(s), kb * kBK, n0);
-              if (a_hint) {
-                tma::load_2d_hint(st + kBBytes, &a_map, full(s), kb * kRowBytes, m0, a_policy);
-              } else {
-                tma::load_2d(st + kBBytes, &a_map, full(s), kb * kRowBytes, m0);
-              }
-            }
-            // Scales: 4 bytes per row (NVFP4: the step's 4 scales; MX: those of steps kb
-            // & ~1 and kb | 1, so that the copy is 4-byte aligned).
-            const int64_t soff = kF16 ? int64_t(kb) * 4 : int64_t(kb & ~1) * 2;
-            const uint32_t sdst = st + kBBytes + kBM * kRowBytes;
+    for_each_work(p.parts, tiles_r, tiles_c, nk,
+                  [&](int m0, int n0, int kb_begin, int kb_end, int) {
+                    for (int kb = kb_begin; kb < kb_end; ++kb) {
+                      tma::mbar_wait(empty(s), ph ^ 1u);
+                      const uint32_t st = smem0 + s * kStage;
+                      if (lane == 0) {
+                        tma::mbar_arrive_expect_tx(full(s), kBBytes + kBM * kRowBytes);
+                        tma::load_2d(st, &b_map, full(s), kb * kBK, n0);
+                        tma::load_2d(st + kBBytes, &a_map, full(s), kb * kRowBytes, m0);
+                      }
+                      // Scales: 4 bytes per row (NVFP4: the step's 4 scales; MX: those of steps kb
+                      // & ~1 and kb | 1, so that the copy is 4-byte aligned).
+                      const int64_t soff = kF16 ? int64_t(kb) * 4 : int64_t(kb & ~1) * 2;
+                      const uint32_t sdst = st + kBBytes + kBM * kRowBytes;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int row = lane + 32 * i;
-              cp_async_4(sdst + 4 * row, p.a_scales + (m0 + row) * scale_row + soff);
-            }
-            cp_async_arrive_noinc(full(s));
-            if (++s == kStages) {
-              s = 0;
-              ph ^= 1u;
-            }
-          }
-        });
+                      for (int i = 0; i < 4; ++i) {
+                        const int row = lane + 32 * i;
+                        cp_async_4(sdst + 4 * row, p.a_scales + (m0 + row) * scale_row + soff);
+                      }
+                      cp_async_arrive_noinc(full(s));
+                      if (++s == kStages) {
+                        s = 0;
+                        ph ^= 1u;
+                      }
+                    }
+                  });
     return;
   }
 
@@ -800,7 +793,6 @@ void launch_fused(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorM
                      split ? kBN : a.ldd,
                      split ? nullptr : a.bias,
                      a.bias_bf16,
-                     a.l2_hints ? 1 : 0,
                      a.parts};
   pdl::launch(kernel, unsigned(grid), kThreads, smem, stream, am, bm, om, p);
   LOWBIT_CUDA_CHECK_LAUNCH();

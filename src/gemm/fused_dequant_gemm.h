@@ -64,9 +64,6 @@ struct FusedGemmArgs {
   // With parts > 0 only: out is [C, R] (ldd over R) and receives the transpose of the result
   // (c alike; the bias is indexed by r). The reduction writes it; the kernel is unchanged.
   bool out_transposed = false;
-  // Developer (bench gemm --fused-l2-hints): with parts > 0, read A''s codes with the L2
-  // evict-first policy, so that the streamed A' does not push B' and the partial tiles out of L2.
-  bool l2_hints = false;
 };
 void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream);
 

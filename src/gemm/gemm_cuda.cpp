@@ -130,10 +130,9 @@ std::map<PlanKey, Plan>& plan_cache() {
 }
 
 thread_local GemmCudaLastCall g_last_call;
-std::atomic<int> g_fused_max_ctas{0};       // set_gemm_fused_max_ctas (tests): grid cap, 0 = SMs
-std::atomic<bool> g_fused_l2_hints{false};  // set_gemm_fused_l2_hints (bench --fused-l2-hints)
-std::atomic<int> g_fused_parts{0};          // set_gemm_fused_parts (tests): 0 = model, 1 = none, n
-                                            // (k_partition.h valid_parts)
+std::atomic<int> g_fused_max_ctas{0};  // set_gemm_fused_max_ctas (tests): grid cap, 0 = SMs
+std::atomic<int> g_fused_parts{0};     // set_gemm_fused_parts (tests): 0 = model, 1 = none, n
+                                       // (k_partition.h valid_parts)
 
 std::string describe(const LtProblem& p) {
   return fmt::format(
@@ -811,7 +810,6 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
   fa.parts = parts;
   fa.partial = parts > 0 ? partial : nullptr;
   fa.out_transposed = transposed;
-  fa.l2_hints = g_fused_l2_hints.load();
   gemm_kernels::fused_gemm(fa, stream);
 
   GemmCudaLastCall& last = g_last_call;
@@ -828,7 +826,6 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
 
 void set_gemm_fused_max_ctas(int n) { g_fused_max_ctas.store(n); }
 void set_gemm_fused_parts(int n) { g_fused_parts.store(n); }
-void set_gemm_fused_l2_hints(bool on) { g_fused_l2_hints.store(on); }
 
 void gemm_cuda(Context& ctx, const CanonGemm& g, const TensorView& out, const GemmOptions& opt) {
   LOWBIT_CHECK(ctx.on_gpu(), "gemm_cuda on a CPU context");

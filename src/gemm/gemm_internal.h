@@ -87,9 +87,6 @@ void set_gemm_fused_max_ctas(int n);
 // n > 1: n parts rounded down to a multiple of the output's 256-wide column tiles, at least one
 // and at most one per k-step per column: k_partition.h valid_parts).
 void set_gemm_fused_parts(int n);
-// Developer: the k-partitioned fused kernel reads A' with the L2 evict-first policy
-// (FusedGemmArgs::l2_hints).
-void set_gemm_fused_l2_hints(bool on);
 
 // CPU backend: f32 sgemm over the dequantized operands.
 void gemm_cpu(const CanonGemm& g, const TensorView& out, const GemmOptions& opt);

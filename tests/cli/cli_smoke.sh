@@ -92,7 +92,7 @@ fi
 run 0 bench --help
 grep -q "gemm" "$tmp/out" || fail "'lowbit bench --help' does not list gemm"
 run 0 bench gemm --help
-for opt in --shapes --modes --roles --iters --warmup --json-out --fused-parts --fused-l2-hints; do
+for opt in --shapes --modes --roles --iters --warmup --json-out --fused-parts; do
   grep -q -- "$opt" "$tmp/out" || fail "'lowbit bench gemm --help' does not list $opt"
 done
 for word in 124m 1b 8b square fp8-block mxfp8 nvfp4; do

@@ -1368,7 +1368,7 @@ TEST_F(GpuGemm, FusedDequantGemmEpilogueAndSpecials) {
         for (const RunSpec& sp : specs) {
           check_role(ctx, rc, p.x, p.w, p.dy, M, N, K, role, sp, "epilogue");
           EXPECT_TRUE(g_checked_call.fused_dequant);
-          EXPECT_EQ(g_checked_call.fused_transposed, role == GemmRole::kWgrad && parts == 4);
+          EXPECT_EQ(g_checked_call.fused_transposed, role == GemmRole::kWgrad && parts == 3);
           if (sp.bias) {
             EXPECT_TRUE(g_checked_call.bias_epilogue);
           }
