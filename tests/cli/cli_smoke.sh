@@ -257,9 +257,18 @@ grep -q "tokens/s (KV cache" "$tmp/err" || fail "generate: no tokens/s line for 
 grep -q "^In the" "$tmp/out" || fail "generate: the prompt is not echoed on stdout"
 run 0 generate "$tmp/run/checkpoint" --cpu --prompt "In the" --max_tokens 5 --no_kv_cache
 grep -q "full window per token" "$tmp/err" || fail "generate --no_kv_cache: not reported"
-# Past max_seq_len (128, the tiny preset's): the cache is rebuilt from the last window (unless an
-# end-of-text token stops the text first).
+# Past max_seq_len (128, the tiny preset's): the cache is rebuilt from the last window.
 run 0 generate "$tmp/run/checkpoint" --cpu --prompt "In the" --max_tokens 150 --temperature 0
+gen_line=$(grep "^generated " "$tmp/err") || fail "generate past max_seq_len: no summary line"
+gen_n=$(sed -E 's/^generated ([0-9]+) tokens.*/\1/' <<<"$gen_line")
+gen_prefills=$(sed -E 's/.*; ([0-9]+) prefills?,.*/\1/' <<<"$gen_line")
+[[ $gen_n =~ ^[0-9]+$ && $gen_prefills =~ ^[0-9]+$ ]] ||
+  fail "generate past max_seq_len: unreadable summary '$gen_line'"
+# The prompt plus the tokens must pass the 128 positions of the cache (else this checks nothing),
+# and passing them takes a second prefill: the rebuild.
+((gen_n >= 127)) || fail "generate past max_seq_len: the text stopped after $gen_n tokens"
+((gen_prefills >= 2)) ||
+  fail "generate past max_seq_len: $gen_n tokens, $gen_prefills prefill(s): the cache was not rebuilt"
 run 2 generate "$tmp/run/checkpoint" --cpu --max_tokens -1
 grep -q -- "--max_tokens" "$tmp/err" || fail "generate --max_tokens -1: the flag is not named"
 run 0 train --cpu --data "$tmp/corpus.txt" --n_layers 2 --batch_size 2 --seq_len 32 \

@@ -199,6 +199,54 @@ TEST(GemmCpu, QuantizedOrientationMatchesNaturalProduct) {
   }
 }
 
+// Which stored copy each role multiplies, written out independently of canonicalize_operands:
+// fprop X_row [M, K] · W_row [N, K]ᵀ; dgrad dY_row [M, N] · W_col [K, N]ᵀ; wgrad dY_col [N, M] ·
+// X_col [K, M]ᵀ (a columnwise copy is stored transposed, RHT'd where the recipe asks). For every
+// recipe the reference must equal that product of the dequantized copies; a wrong copy, a wrong
+// orientation or a missing transform is off by the size of the product itself. (NVFP4's alpha is
+// folded in f32, hence the tolerance of a few fp32 roundings of the product's magnitude.)
+TEST(GemmCpu, QuantizedReferenceMultipliesTheRolesCopies) {
+  const Dims d{64, 96, 160};
+  uint64_t seed = 1300;
+  for (const Recipe& rc : all_recipes()) {
+    for (GemmRole role : kAllRoles) {
+      SCOPED_TRACE(fmt::format("{} {}", rc.name, gemm_role_name(role)));
+      const Shape as = natural_a(role, d.m, d.n, d.k), bs = natural_b(role, d.m, d.n, d.k);
+      const QuantizedTensor qa =
+          quantize_cpu(make(as, quant_test::fill_fn(Fill::kGaussian, seed++)), config_a(rc, role));
+      const QuantizedTensor qb =
+          quantize_cpu(make(bs, quant_test::fill_fn(Fill::kGaussian, seed++)), config_b(rc, role));
+      const Usage ua = role == GemmRole::kWgrad ? Usage::kColumnwise : Usage::kRowwise;
+      const Usage ub = role == GemmRole::kFprop ? Usage::kRowwise : Usage::kColumnwise;
+      const Tensor da = dequantize(qa, ua), db = dequantize(qb, ub);
+      ASSERT_EQ(da.shape()[1], db.shape()[1]);  // the contraction is the copies' rows
+      const int64_t R = da.shape()[0], C = db.shape()[0], K = da.shape()[1];
+      const std::vector<double> va = values_f64(da), vb = values_f64(db);
+      GemmOptions opt;
+      opt.role = role;
+      const std::vector<double> ref =
+          gemm_reference_f64(GemmOperand::of(qa), GemmOperand::of(qb), opt);
+      ASSERT_EQ(int64_t(ref.size()), R * C);
+      int bad = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t c = 0; c < C; ++c) {
+          double want = 0, mag = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            want += va[r * K + k] * vb[c * K + k];
+            mag += std::fabs(va[r * K + k] * vb[c * K + k]);
+          }
+          const double got = ref[static_cast<size_t>(r * C + c)];
+          if (!(std::fabs(got - want) <= 1e-6 * mag) && bad++ < 3) {
+            ADD_FAILURE() << "(" << r << ", " << c << "): reference " << got << ", copies' product "
+                          << want << " (magnitude " << mag << ")";
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0);
+    }
+  }
+}
+
 // The reference over every recipe's copies tracks the exact product of the bf16 sources up to
 // quantization noise: each operand's elements carry a relative error ≤ r = 2^-(mbits+1) (a whole
 // quantum, 2r, with stochastic rounding), so for independent Gaussian data the NMSE is about

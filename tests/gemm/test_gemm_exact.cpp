@@ -1,5 +1,8 @@
-// Exactness of the emulated MX / NVFP4 GEMM on Hopper (kEmulatedBf16): dequantizing to bf16
-// loses nothing, proved exhaustively over every pair of codes.
+// The format facts the emulated MX / NVFP4 GEMM on Hopper (kEmulatedBf16) rests on: dequantizing
+// to bf16 loses nothing, proved exhaustively over every pair of codes. (That the GEMM's kernels
+// produce exactly these values is checked on the GPU: tests/gpu/test_gemm_gpu.cpp,
+// DequantToBf16MatchesHostDecodeBitForBit, DequantBPermutedMatchesHostDecodeBitForBit and
+// FusedDequantGemmConvertsCodesExactly.)
 //  * MX (and power-of-two FP8 block scales): element · 2^k is exact in bf16 for every element code
 //    and every k whose product lies in bf16's normal range (a power of two only shifts the
 //    exponent; every element format has at most 4 significant bits, bf16 has 8).

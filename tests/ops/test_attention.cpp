@@ -156,6 +156,33 @@ TEST(Attention, Float64BoundsCatchSmallMistakes) {
       test::attention_fwd_f64(off, values_of(in.q), values_of(in.k), values_of(in.v), em);
   EXPECT_FALSE(within_bounds("out", out.shape(), values_of(out), ref.out, ref.out_bound));
   EXPECT_FALSE(within_bounds("lse", lse.shape(), values_of(lse), ref.lse, ref.lse_bound));
+
+  // A mask one key too wide: query t sees keys 0 .. t + 1. Its outputs are those of the right
+  // kernel at position t + 1 for a query sequence shifted by one (q'[t + 1] = q[t]); the last
+  // query (no key T) is left as it is.
+  const auto good =
+      test::attention_fwd_f64(in.dims, values_of(in.q), values_of(in.k), values_of(in.v), em);
+  ASSERT_TRUE(within_bounds("out", out.shape(), values_of(out), good.out, good.out_bound));
+  Tensor qs = Tensor::copy_of(in.q.view(), Device::cpu());
+  const int64_t row = c.H * c.Dh;  // one position of q [B = 1, T, H, Dh]
+  for (int64_t t = c.T - 1; t >= 1; --t) {
+    std::memcpy(qs.ptr<float>() + t * row, in.q.ptr<float>() + (t - 1) * row, row * sizeof(float));
+  }
+  Tensor out_s = Tensor::empty({c.B, c.T, c.H, c.Dh}, c.dtype, Device::cpu());
+  Tensor lse_s = Tensor::empty({c.B, c.H, c.T}, DType::kF32, Device::cpu());
+  attention_fwd(ctx, out_s, lse_s, qs, in.k, in.v, scale_of(in.dims));
+  Tensor wide = Tensor::copy_of(out.view(), Device::cpu());
+  Tensor wide_lse = Tensor::copy_of(lse.view(), Device::cpu());
+  for (int64_t t = 0; t + 1 < c.T; ++t) {
+    std::memcpy(wide.ptr<float>() + t * row, out_s.ptr<float>() + (t + 1) * row,
+                row * sizeof(float));
+    for (int64_t h = 0; h < c.H; ++h) {
+      wide_lse.ptr<float>()[h * c.T + t] = lse_s.ptr<float>()[h * c.T + t + 1];
+    }
+  }
+  EXPECT_FALSE(within_bounds("out", wide.shape(), values_of(wide), good.out, good.out_bound));
+  EXPECT_FALSE(
+      within_bounds("lse", wide_lse.shape(), values_of(wide_lse), good.lse, good.lse_bound));
 }
 
 TEST(Attention, BackwardMatchesFiniteDifferences) {

@@ -1,6 +1,9 @@
-// rmsnorm_fwd_quantize and swiglu_fwd_quantize on the CPU: the contract (exactly the bytes of the
-// op followed by quantize()) for every copy choice and several recipes, with and without the
-// bf16 output, the delayed-scaling history, odd shapes, and the argument errors.
+// The fused op + quantize entry points on the CPU: the contract (exactly the bytes of the op
+// followed by quantize()) for every copy choice and several recipes, with and without the bf16
+// outputs, the delayed-scaling history, odd shapes, and the argument errors. On the CPU the fused
+// ops are that composition, so these tests pin the API's plumbing (optional outputs, which slot
+// of the history an amax lands in, argument checks); the fused CUDA kernels are compared with
+// the same composition byte for byte in tests/gpu/test_ops_fused_quantize.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>

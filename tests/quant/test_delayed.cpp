@@ -180,8 +180,24 @@ TEST(QuantDelayedScaling, QuantizeUsesStaleScaleAndRecordsAmax) {
   quantize(ctx, x, QuantConfig::fp8_delayed(st, 0), q);
   EXPECT_EQ(q.rowwise_scale_inv.ptr<float>()[0], 1.0f / (448.0f / 1000.0f));
   EXPECT_EQ(code_at(q.rowwise_data, 0), encode_rn(DType::kE4M3, 1000.0f * (448.0f / 1000.0f)));
-  // The columnwise copy shares the scale and is the exact transpose.
-  EXPECT_EQ(code_at(q.columnwise_data, 3), code_at(q.rowwise_data, 3));
+  // The columnwise copy shares the scale and is the exact transpose ([3, 5]: distinct codes, so
+  // that an untransposed copy cannot pass).
+  std::vector<float> vals;
+  for (int i = 0; i < 15; ++i) vals.push_back(float(i * 13 % 29) - 14.0f);
+  const Tensor x35 = bf16_from(3, 5, vals);
+  QuantizedTensor qt;
+  quantize(ctx, x35, QuantConfig::fp8_delayed(st, 0), qt);
+  qt.validate();
+  ASSERT_EQ(qt.columnwise_data.shape()[0], 5);
+  ASSERT_EQ(qt.columnwise_data.shape()[1], 3);
+  EXPECT_EQ(qt.columnwise_scale_inv.ptr<float>()[0], qt.rowwise_scale_inv.ptr<float>()[0]);
+  for (int64_t r = 0; r < 3; ++r) {
+    for (int64_t c = 0; c < 5; ++c) {
+      EXPECT_EQ(code_at(qt.columnwise_data, c * 3 + r), code_at(qt.rowwise_data, r * 5 + c))
+          << r << ", " << c;
+    }
+  }
+  EXPECT_NE(code_at(qt.columnwise_data, 1), code_at(qt.rowwise_data, 1));
   // Mismatched dtype, pow2 and slot range are rejected.
   QuantConfig bad = QuantConfig::fp8_delayed(st, 0);
   bad.dtype = DType::kE5M2;

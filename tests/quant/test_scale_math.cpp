@@ -1,6 +1,8 @@
 // Per-block scale math (quant/scale_math.h) against hand-computed values of formats.md §2.
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include <cmath>
 #include <limits>
 
@@ -178,9 +180,14 @@ TEST(QuantScaleMath, QuantizeElementRoundsOnceThenCasts) {
   EXPECT_EQ(quantize_element(DType::kE4M3, kNaN, 1.0f, false, 0), 0x7Fu);
   EXPECT_EQ(quantize_element(DType::kE5M2, 61440.0f, 1.0f, false, 0), 0x7Bu);
   EXPECT_EQ(quantize_element(DType::kE2M1, 7.0f, 1.0f, false, 0), 0x7u);
-  // The product is rounded to fp32 first: 1 + 2^-24 is not representable and rounds to 1.
-  EXPECT_EQ(quantize_element(DType::kE4M3, 1.0f + pow2f(-23), 1.0f - pow2f(-24), false, 0),
-            encode_rn(DType::kE4M3, 1.0f));
+  // The product is rounded to fp32 first, then cast: x · m below is 1.18749994785… exactly, just
+  // under the E4M3 midpoint 1.1875 between 1.125 and 1.25, so one rounding of the exact product
+  // gives 1.125; RN(x · m) in fp32 is 1.1875 itself, whose tie goes to the even code, 1.25.
+  const float x = std::bit_cast<float>(0x3F97FFFCu), m = std::bit_cast<float>(0x3F800003u);
+  ASSERT_LT(double(x) * double(m), 1.1875);  // exact in double (24 × 24 bits)
+  ASSERT_EQ(x * m, 1.1875f);
+  EXPECT_EQ(quantize_element(DType::kE4M3, x, m, false, 0), encode_rn(DType::kE4M3, 1.25f));
+  EXPECT_NE(encode_rn(DType::kE4M3, 1.25f), encode_rn(DType::kE4M3, 1.125f));
 }
 
 }  // namespace
