@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_read.h"
 #include "data/data_util.h"
 #include "lowbit/core/error.h"
 
@@ -315,7 +316,7 @@ void read_jsonl(const std::string& path, DocumentSink& sink) {
     const std::string where = fmt::format("{}:{}", path, line_no);
     json rec;
     try {
-      rec = json::parse(line);
+      rec = parse_json_limited(line, where);
     } catch (const json::exception& e) {
       throw UserError(fmt::format("{}: not valid JSON ({})", where, e.what()));
     }

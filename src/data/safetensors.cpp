@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_read.h"
 #include "data/data_util.h"
 #include "lowbit/core/error.h"
 
@@ -101,7 +102,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
 
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(header);
+    j = parse_json_limited(header, path);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: the header is not valid JSON: {}", path, e.what()));
   }

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_read.h"
 #include "data/data_util.h"
 #include "lowbit/core/error.h"
 
@@ -328,7 +329,7 @@ std::vector<std::string> manifest_shards(const std::string& dir) {
                     dir, kManifestName);
   json j;
   try {
-    j = json::parse(detail::read_file(mpath));
+    j = parse_json_limited(detail::read_file(mpath), mpath);
   } catch (const json::exception& e) {
     throw UserError(fmt::format("{}: not valid JSON: {}", mpath, e.what()));
   }

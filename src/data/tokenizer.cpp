@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_read.h"
 #include "data/data_util.h"
 #include "data/pretokenize.h"
 #include "lowbit/core/error.h"
@@ -686,7 +687,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   const std::string text = detail::read_file(path);
   json j;
   try {
-    j = json::parse(text);
+    j = parse_json_limited(text, path);
   } catch (const json::exception& e) {
     throw UserError(fmt::format("{}: not a tokenizer file: the content is not valid JSON ({})",
                                 path, e.what()));

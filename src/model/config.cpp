@@ -11,6 +11,7 @@
 #define TOML_EXCEPTIONS 1
 #include <toml++/toml.h>
 
+#include "core/json_read.h"
 #include "lowbit/model.h"
 
 namespace lowbit {
@@ -146,7 +147,9 @@ ModelConfig model_config_from_json(const std::string& text, const ModelConfig& b
                                    const std::string& source) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = parse_json_limited(text, source);
+  } catch (const UserError&) {
+    throw;
   } catch (const std::exception& e) {
     throw UserError(fmt::format("{}: not valid JSON ({})", source, e.what()));
   }

@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/json_read.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/sysinfo.h"
 #include "lowbit/core/tensor.h"
@@ -644,7 +645,7 @@ ojson read_trainer_json(const std::string& dir) {
   }
   ojson t;
   try {
-    t = ojson::parse(read_text_file(path));
+    t = parse_json_limited<ojson>(read_text_file(path), path);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(
         fmt::format("{}: not valid JSON ({}); the checkpoint is damaged, use another "
@@ -785,7 +786,7 @@ class StReader {
     const uint64_t buffer = file_size - data_start_;
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(header);
+      j = parse_json_limited(header, path_);
     } catch (const nlohmann::json::exception& e) {
       throw UserError(
           fmt::format("{}: the header is not valid JSON ({}); the file is damaged or "
@@ -1112,7 +1113,7 @@ void load_hf_weights(const std::string& dir, LlamaModel& model) {
   } else if (fs::exists(index, ec)) {
     ojson j;
     try {
-      j = ojson::parse(read_text_file(index));
+      j = parse_json_limited<ojson>(read_text_file(index), index);
     } catch (const nlohmann::json::exception& e) {
       throw UserError(fmt::format("{}: not valid JSON ({})", index, e.what()));
     }

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/json_read.h"
 #include "lowbit/data/corpus.h"
 #include "lowbit/data/shards.h"
 #include "lowbit/data/synthetic.h"
@@ -85,7 +86,7 @@ std::optional<uint64_t> manifest_fingerprint(const fs::path& dir) {
   std::ifstream in(dir / "manifest.json");
   if (!in) return std::nullopt;
   try {
-    const nlohmann::json j = nlohmann::json::parse(in);
+    const nlohmann::json j = parse_json_limited(in, (dir / "manifest.json").string());
     return std::stoull(j.at("tokenizer_fingerprint").get<std::string>(), nullptr, 16);
   } catch (const std::exception&) {
     return std::nullopt;

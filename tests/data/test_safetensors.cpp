@@ -135,6 +135,18 @@ TEST_F(SafetensorsTest, HeaderNotObject) {
   EXPECT_READ_ERROR(write_raw("[1, 2]  ", ""), "not a JSON object");
 }
 
+// A header nested far deeper than any real one (its shape 200k lists deep) is a clear error,
+// not a stack overflow in the message that would show the shape (core/json_read.h); 128 levels
+// still parse (the shape is then rejected for what it is).
+TEST_F(SafetensorsTest, DeeplyNestedHeaderIsAClearError) {
+  const auto nested = [](int depth) {
+    return R"({"w":{"dtype":"F32","shape":)" + std::string(depth, '[') + std::string(depth, ']') +
+           R"(,"data_offsets":[0,4]}})";
+  };
+  EXPECT_READ_ERROR(write_raw(nested(200000), "abcd"), "nested deeper than 128");
+  EXPECT_READ_ERROR(write_raw(nested(126), "abcd"), "not a non-negative integer");
+}
+
 TEST_F(SafetensorsTest, UnknownDtype) {
   EXPECT_READ_ERROR(write_raw(R"({"w":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", "x"),
                     "unknown dtype 'Q7'");
