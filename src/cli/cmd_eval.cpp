@@ -81,10 +81,15 @@ void add_eval_command(CLI::App& app, CommandAction& action) {
       ->capture_default_str();
   cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer (default: the run's tokenizer.json)");
   cmd->add_option("--precision", o->precision, "Recipe of the forward (default: the checkpoint's)");
-  cmd->add_option("--batch_size", o->batch, "Windows per batch")->capture_default_str();
-  cmd->add_option("--seq_len", o->seq_len, "Tokens per window")->capture_default_str();
+  cmd->add_option("--batch_size", o->batch, "Windows per batch")
+      ->capture_default_str()
+      ->check(integer_at_least(1));
+  cmd->add_option("--seq_len", o->seq_len, "Tokens per window")
+      ->capture_default_str()
+      ->check(integer_at_least(2));
   cmd->add_option("--max_tokens", o->max_tokens, "Evaluate at most this many tokens")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_at_least(2));
   cmd->add_flag("--cpu", o->cpu, "Run on the CPU even when a GPU is present");
   cmd->callback([o, &action] {
     action = [o] {
@@ -180,7 +185,8 @@ void add_generate_command(CLI::App& app, CommandAction& action) {
   cmd->add_option("--temperature", o->temperature, "Softmax temperature (0: greedy)")
       ->capture_default_str();
   cmd->add_option("--top_k", o->top_k, "Keep the k most likely tokens (0: all)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_at_least(0));
   cmd->add_option("--top_p", o->top_p, "Keep the smallest set with this total probability")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();

@@ -115,11 +115,15 @@ void add_train_command(CLI::App& app, CommandAction& action) {
                   "the CPU)");
   cmd->add_option("--config", o.model_config,
                   "Model config file: lowbit JSON, TOML (.toml) or a Hugging Face config.json");
-  cmd->add_option("--d_model", o.d_model, "Override the model width");
-  cmd->add_option("--n_layers", o.n_layers, "Override the number of blocks");
-  cmd->add_option("--n_heads", o.n_heads, "Override the number of attention heads");
-  cmd->add_option("--n_kv_heads", o.n_kv_heads, "Override the number of key/value heads");
-  cmd->add_option("--ffn_hidden", o.ffn_hidden, "Override the SwiGLU hidden width");
+  cmd->add_option("--d_model", o.d_model, "Override the model width")->check(integer_at_least(1));
+  cmd->add_option("--n_layers", o.n_layers, "Override the number of blocks")
+      ->check(integer_at_least(1));
+  cmd->add_option("--n_heads", o.n_heads, "Override the number of attention heads")
+      ->check(integer_at_least(1));
+  cmd->add_option("--n_kv_heads", o.n_kv_heads, "Override the number of key/value heads")
+      ->check(integer_at_least(1));
+  cmd->add_option("--ffn_hidden", o.ffn_hidden, "Override the SwiGLU hidden width")
+      ->check(integer_at_least(1));
   // Precision.
   cmd->add_option("--precision", flags->precision,
                   "Recipe: bf16, fp8, fp8-current, fp8-block, mxfp8, nvfp4 (default: $PRECISION, "
@@ -139,7 +143,8 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_option("--bf16_layers", flags->bf16_layers,
                   "Comma-separated block indices kept in BF16 whatever the recipe");
   cmd->add_option("--nvfp4_bf16_tail", flags->nvfp4_bf16_tail,
-                  "NVFP4: fraction of the last blocks kept in BF16 (default 0.15)");
+                  "NVFP4: fraction of the last blocks kept in BF16 (default 0.15)")
+      ->check(finite_in(0.0, 1.0));
   cmd->add_flag("--quantize_head", o.precision.quantize_head,
                 "Run the LM head in the recipe too (default BF16)");
   // Data.
@@ -154,14 +159,18 @@ void add_train_command(CLI::App& app, CommandAction& action) {
       ->capture_default_str();
   // Optimisation.
   cmd->add_option("--batch_size", o.batch_size,
-                  "Sequences per micro-batch (default 16 on a GPU, 8 on the CPU)");
+                  "Sequences per micro-batch (default 16 on a GPU, 8 on the CPU)")
+      ->check(integer_at_least(1));
   cmd->add_option("--seq_len", o.seq_len,
-                  "Tokens per sequence (default 1024 on a GPU, 128 on the CPU)");
+                  "Tokens per sequence (default 1024 on a GPU, 128 on the CPU)")
+      ->check(integer_at_least(2));
   cmd->add_option("--grad_accum_steps", o.grad_accum_steps, "Micro-batches per optimizer step")
       ->capture_default_str();
   cmd->add_option("--total_steps", o.total_steps,
-                  "Optimizer steps (default 1000 on a GPU, 300 on the CPU)");
-  cmd->add_option("--warmup_steps", o.warmup_steps, "Linear warm-up steps (default 5%)");
+                  "Optimizer steps (default 1000 on a GPU, 300 on the CPU)")
+      ->check(integer_at_least(0));
+  cmd->add_option("--warmup_steps", o.warmup_steps, "Linear warm-up steps (default 5%)")
+      ->check(integer_at_least(0));
   cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--min_lr_ratio", o.min_lr_ratio, "Cosine floor as a fraction of --lr")
       ->capture_default_str();
@@ -199,21 +208,29 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_option("--init-from,--init_from", o.init_from,
                   "Checkpoint or Hugging Face model directory: weights only, step 0");
   cmd->add_option("--eval_every", o.eval_every, "Validation every N steps (0: off)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_at_least(0));
   cmd->add_option("--eval_batches", o.eval_batches, "Validation micro-batches")
       ->capture_default_str();
-  cmd->add_option("--log_every", o.log_every, "Progress line every N steps")->capture_default_str();
+  cmd->add_option("--log_every", o.log_every, "Progress line every N steps")
+      ->capture_default_str()
+      ->check(integer_at_least(0));
   cmd->add_option("--stats_every", o.stats_every,
                   "Per-layer amax/scale and saturation/underflow counts every N steps")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_at_least(0));
   cmd->add_option("--checkpoint_every", o.checkpoint_every, "Checkpoint every N steps (0: end)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_at_least(0));
   cmd->add_option("--stop_at_step", o.stop_at_step,
-                  "Stop and checkpoint after this step (resume later on the same schedule)");
+                  "Stop and checkpoint after this step (resume later on the same schedule)")
+      ->check(integer_at_least(0));
   cmd->add_option("--time_limit_minutes", o.time_limit_minutes,
-                  "Stop and checkpoint after this many minutes (0: no limit)");
+                  "Stop and checkpoint after this many minutes (0: no limit)")
+      ->check(finite_in(0.0, 1e9));
   cmd->add_option("--sample_tokens", o.sample_tokens, "Tokens sampled after training (0: none)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_at_least(0));
   cmd->add_option("--sample_prompt", o.sample_prompt, "Prompt of the sample")
       ->capture_default_str();
   cmd->add_flag("--cpu", o.force_cpu, "Train on the CPU even when a GPU is present");

@@ -5,6 +5,7 @@
 // only after the whole command line parsed, so parse errors and run errors stay apart.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 
 #include <CLI/CLI.hpp>
@@ -24,5 +25,11 @@ void add_generate_command(CLI::App& app, CommandAction& action);
 // Checks a --recompute_block_outputs value (auto, on, off or a block count) at parse time, so a
 // bad one is a usage error naming the flag.
 CLI::Validator recompute_setting_validator();
+
+// Ranges of numeric flags, checked at parse time on the value given (an option's own default —
+// often -1 for "the trainer decides" — is not a given value): an integer ≥ lo; a finite number
+// in [lo, hi] (NaN and infinities are refused, which CLI::Range lets through).
+CLI::Validator integer_at_least(int64_t lo);
+CLI::Validator finite_in(double lo, double hi);
 
 }  // namespace lowbit::cli

@@ -105,6 +105,9 @@ void ModelConfig::validate() const {
         "(got {}, {}, {}, {}, {}, {})",
         d_model, n_layers, n_heads, n_kv_heads, ffn_hidden, max_seq_len));
   }
+  // Far above any model (Llama 3 405B has 126 blocks): a larger count is a typo, and the
+  // per-block plans and buffers sized from it would exhaust host memory first.
+  if (n_layers > 4096) fail(fmt::format("n_layers {} is above the limit of 4096 blocks", n_layers));
   if (d_model % n_heads != 0) {
     fail(fmt::format("d_model {} is not a multiple of n_heads {}", d_model, n_heads));
   }

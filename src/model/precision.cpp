@@ -85,6 +85,7 @@ nlohmann::json linear_json(const LinearPrecision& p) {
 
 PrecisionPlan resolve_precision(Recipe recipe, const ModelConfig& cfg,
                                 const PrecisionOverrides& ov) {
+  cfg.validate();  // the plan is sized by n_layers
   if (ov.fp8_format == Fp8Format::kE5M2) {
     throw UserError(
         "fp8_format e5m2 is not supported (E5M2 forward tensors lose too much "
@@ -108,6 +109,9 @@ PrecisionPlan resolve_precision(Recipe recipe, const ModelConfig& cfg,
   if (recipe == Recipe::kNVFP4) {
     // NVFP4 training keeps the last ~15% of blocks in BF16 (the NVIDIA NVFP4 recipe's advice:
     // the final layers are the most sensitive to 4-bit rounding).
+    LOWBIT_USER_CHECK(ov.nvfp4_bf16_tail_fraction < 0 || ov.nvfp4_bf16_tail_fraction <= 1,
+                      "the NVFP4 BF16 tail fraction must be in [0, 1] (got {})",
+                      ov.nvfp4_bf16_tail_fraction);  // NaN fails both: refused too
     const double frac = ov.nvfp4_bf16_tail_fraction < 0 ? 0.15 : ov.nvfp4_bf16_tail_fraction;
     const int tail = std::min(L, static_cast<int>(std::ceil(frac * L - 1e-9)));
     for (int l = L - tail; l < L; ++l) keep_bf16[l] = true;

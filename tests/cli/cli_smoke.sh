@@ -237,6 +237,15 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   grep -q "needs a GPU" "$tmp/err" || fail "bench train --kernel-trace on the CPU: unclear error"
   [[ ! -e $tmp/k.txt ]] || fail "bench train --kernel-trace on the CPU wrote a file"
 fi
+# Numeric flags are range-checked as given (NaN and infinities refused; negative is not "default").
+run 2 train --cpu --precision nvfp4 --nvfp4_bf16_tail nan
+grep -q -- "--nvfp4_bf16_tail: nan is outside \[0, 1\]" "$tmp/err" || fail "nvfp4_bf16_tail nan: unclear"
+run 2 train --cpu --total_steps -5
+grep -q -- "--total_steps: -5 is below" "$tmp/err" || fail "total_steps -5: not refused clearly"
+run 2 train --cpu --time_limit_minutes inf
+grep -q -- "--time_limit_minutes" "$tmp/err" || fail "time_limit_minutes inf: the flag is not named"
+run 2 train --cpu --n_layers 100000000 --total_steps 1 --out "$tmp/huge"
+grep -q "n_layers 100000000 is above the limit" "$tmp/err" || fail "n_layers 1e8: no clear limit"
 run 2 eval "$tmp/no-checkpoint"
 grep -q "not a lowbit checkpoint" "$tmp/err" || fail "eval of a missing checkpoint: unclear error"
 printf 'In the beginning was the word, and the word was with the text.\n%.0s' $(seq 1 400) \
@@ -269,6 +278,8 @@ gen_prefills=$(sed -E 's/.*; ([0-9]+) prefills?,.*/\1/' <<<"$gen_line")
 ((gen_n >= 127)) || fail "generate past max_seq_len: the text stopped after $gen_n tokens"
 ((gen_prefills >= 2)) ||
   fail "generate past max_seq_len: $gen_n tokens, $gen_prefills prefill(s): the cache was not rebuilt"
+run 2 generate "$tmp/run/checkpoint" --cpu --top_k -5
+grep -q -- "--top_k: -5 is below" "$tmp/err" || fail "generate --top_k -5: not refused clearly"
 run 2 generate "$tmp/run/checkpoint" --cpu --max_tokens -1
 grep -q -- "--max_tokens" "$tmp/err" || fail "generate --max_tokens -1: the flag is not named"
 run 0 train --cpu --data "$tmp/corpus.txt" --n_layers 2 --batch_size 2 --seq_len 32 \
