@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -133,7 +134,16 @@ int64_t file_size(const std::string& path) {
 int run_quantize(const std::string& in_path, const std::string& out_path,
                  const std::string& recipe_name) {
   const QuantRecipe recipe = make_recipe(recipe_name);
+  {
+    // OUT must not be IN (by any name): the full-precision weights would be replaced by their
+    // quantized copy.
+    std::error_code ec;
+    LOWBIT_USER_CHECK(!std::filesystem::equivalent(in_path, out_path, ec),
+                      "{}: OUT is the input file; write the quantized copy to another file",
+                      out_path);
+  }
   const data::SafeTensorsFile in = data::read_safetensors(in_path);
+  const int64_t in_bytes = file_size(in_path);
   Context ctx(Device::cpu());
 
   data::SafeTensorsFile out;
@@ -227,17 +237,37 @@ int run_quantize(const std::string& in_path, const std::string& out_path,
       put(name + "_scale_2", std::move(s2));
     }
 
-    // ||dequant - x||_2 / ||x||_2 over the finite source elements.
+    // ||dequant - x||_2 / ||x||_2 over the finite source elements; a finite element that comes
+    // back non-finite makes it infinite (and is reported, as are non-finite sources).
     const Tensor d = dequantize(q, Usage::kRowwise);
     const float* dp = d.ptr<float>();
     double num = 0.0, den = 0.0;
+    int64_t nonfinite_src = 0, lost = 0;
     for (size_t i = 0; i < src.size(); ++i) {
-      if (!std::isfinite(src[i])) continue;
+      if (!std::isfinite(src[i])) {
+        ++nonfinite_src;
+        continue;
+      }
+      if (!std::isfinite(dp[i])) {
+        ++lost;
+        continue;
+      }
       const double diff = static_cast<double>(dp[i]) - src[i];
       num += diff * diff;
       den += static_cast<double>(src[i]) * src[i];
     }
-    const double err = den > 0.0 ? std::sqrt(num / den) : (num > 0.0 ? INFINITY : 0.0);
+    double err = den > 0.0 ? std::sqrt(num / den) : (num > 0.0 ? INFINITY : 0.0);
+    if (lost > 0) err = INFINITY;
+    if (nonfinite_src > 0 || lost > 0) {
+      std::printf(
+          "warning: %s [%lld, %lld]: %lld non-finite source values (kept as NaN / inf); "
+          "%lld finite values dequantize to NaN / inf (%s)\n",
+          name.c_str(), static_cast<long long>(m), static_cast<long long>(k),
+          static_cast<long long>(nonfinite_src), static_cast<long long>(lost),
+          lost > 0 ? "an inf in the tensor or values near the float limit: its scales "
+                     "overflow; check the source weights"
+                   : "the finite values are unaffected");
+    }
     if (converted == 0 || err > max_err) {
       max_err = err;
       max_err_name = name;
@@ -261,7 +291,7 @@ int run_quantize(const std::string& in_path, const std::string& out_path,
   std::printf("quantize %s -> %s (recipe %s)\n", in_path.c_str(), out_path.c_str(),
               recipe_name.c_str());
   std::printf("  tensors: %d converted, %d copied unchanged\n", converted, copied);
-  std::printf("  bytes:   %lld in, %lld out\n", static_cast<long long>(file_size(in_path)),
+  std::printf("  bytes:   %lld in, %lld out\n", static_cast<long long>(in_bytes),
               static_cast<long long>(file_size(out_path)));
   if (converted > 0) {
     std::printf("  relative error ||dequant - x|| / ||x|| (%s): max %.3e (%s), mean %.3e\n",

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <vector>
@@ -73,6 +74,9 @@ std::string safetensors_dtype_name(DType t) {
 }
 
 SafeTensorsFile read_safetensors(const std::string& path) {
+  std::error_code ec;
+  LOWBIT_USER_CHECK(!std::filesystem::is_directory(path, ec),
+                    "{}: is a directory, not a safetensors file", path);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   LOWBIT_USER_CHECK(in.good(), "{}: cannot open the file: missing or unreadable ({})", path,
                     errno_text());

@@ -195,6 +195,15 @@ grep -q "^error: .*trunc.safetensors" "$tmp/err" || fail "truncated input: no 'e
 [[ ! -e $tmp/t.safetensors ]] || fail "truncated input: an output file was written"
 run 2 quantize "$tmp/in.safetensors" "$tmp/t.safetensors" --recipe fp3
 grep -q "unknown recipe 'fp3'" "$tmp/err" || fail "bad --recipe: no 'unknown recipe' error"
+# OUT naming IN (by another path) would replace the source weights: refused, IN untouched.
+cp "$tmp/in.safetensors" "$tmp/in.copy"
+run 2 quantize "$tmp/in.safetensors" "$tmp/./in.safetensors" --recipe mxfp8
+grep -q "OUT is the input file" "$tmp/err" || fail "quantize IN IN: not refused clearly"
+cmp -s "$tmp/in.safetensors" "$tmp/in.copy" || fail "quantize IN IN: the input was changed"
+run 2 quantize "$tmp/in.safetensors" "$tmp/" --recipe mxfp8
+grep -q "is a directory" "$tmp/err" || fail "quantize to a directory: unclear error"
+run 2 quantize "$tmp" "$tmp/t.safetensors" --recipe mxfp8
+grep -q "is a directory, not a safetensors file" "$tmp/err" || fail "quantize of a directory: unclear"
 
 run 2 bogus-command
 grep -q "error:" "$tmp/err" || fail "unknown command: no 'error:' line"
