@@ -57,12 +57,9 @@ std::string read_file(const std::string& path) {
 }
 
 void write_file_atomic(const std::string& path, const Piece* pieces, size_t n_pieces) {
-  // Named up front: an empty path or a directory otherwise fails at the rename with a message
-  // about the temporary file.
+  // Named up front: an empty path otherwise fails at the rename with a message about the
+  // temporary file. (A directory in the way fails at the rename, which removes the temporary.)
   LOWBIT_USER_CHECK(!path.empty(), "the output file name is empty: give a file path");
-  struct stat st {};
-  LOWBIT_USER_CHECK(path.back() != '/' && !(::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)),
-                    "{}: is a directory; give the path of a file to write", path);
   const std::string tmp = fmt::format("{}.tmp-{}", path, static_cast<long>(::getpid()));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   LOWBIT_USER_CHECK(fd >= 0,
