@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -33,6 +34,22 @@ Json parse_json_limited(Input&& input, const std::string& what) {
     return true;
   };
   return Json::parse(std::forward<Input>(input), limit);
+}
+
+// j[key] when j is an object holding a value of that kind under key, else `fallback`
+// (nlohmann's value() throws a type_error when the key is present with another type: a file
+// with "format": 5 must get the reader's own message, not an internal error).
+template <class Json>
+std::string json_string_or(const Json& j, const char* key, const std::string& fallback) {
+  if (!j.is_object()) return fallback;
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->template get<std::string>() : fallback;
+}
+template <class Json>
+int64_t json_int_or(const Json& j, const char* key, int64_t fallback) {
+  if (!j.is_object()) return fallback;
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number_integer() ? it->template get<int64_t>() : fallback;
 }
 
 }  // namespace lowbit

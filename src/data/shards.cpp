@@ -333,7 +333,7 @@ std::vector<std::string> manifest_shards(const std::string& dir) {
   } catch (const json::exception& e) {
     throw UserError(fmt::format("{}: not valid JSON: {}", mpath, e.what()));
   }
-  LOWBIT_USER_CHECK(j.is_object() && j.value("format", "") == kManifestFormat,
+  LOWBIT_USER_CHECK(json_string_or(j, "format", "") == kManifestFormat,
                     "{}: not a lowbit shard manifest (\"format\": \"{}\" expected)", mpath,
                     kManifestFormat);
   LOWBIT_USER_CHECK(j.contains("shards") && j["shards"].is_array(),

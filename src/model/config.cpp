@@ -3,8 +3,11 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
+#include <type_traits>
 
 // toml++ used header-only (the Debian package also ships a shared library we do not link).
 #define TOML_HEADER_ONLY 1
@@ -39,7 +42,21 @@ constexpr Preset kPresets[] = {
 
 template <typename T>
 void take(const nlohmann::json& j, const char* key, T& dst) {
-  if (j.contains(key) && !j[key].is_null()) dst = j[key].get<T>();
+  if (!j.contains(key) || j[key].is_null()) return;
+  const nlohmann::json& v = j[key];
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // get<int>() would truncate 128.9 and wrap 2^32 + 128 to 128: integers in range only.
+    const bool in_range =
+        (v.is_number_integer() && v.get<int64_t>() >= std::numeric_limits<T>::min() &&
+         v.get<int64_t>() <= std::numeric_limits<T>::max()) ||
+        (v.is_number_unsigned() && v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max()));
+    if (!in_range) {
+      throw std::invalid_argument(fmt::format(
+          "'{}' must be an integer in [{}, {}], got {}", key, std::numeric_limits<T>::min(),
+          std::numeric_limits<T>::max(), v.is_primitive() ? v.dump() : std::string(v.type_name())));
+    }
+  }
+  dst = v.get<T>();
 }
 
 }  // namespace
@@ -237,6 +254,8 @@ ModelConfig model_config_from_json(const std::string& text, const ModelConfig& b
     }
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: a value has the wrong type ({})", source, e.what()));
+  } catch (const std::invalid_argument& e) {  // take(): an integer out of range
+    throw UserError(fmt::format("{}: {}", source, e.what()));
   }
   return c;
 }
@@ -258,6 +277,9 @@ ModelConfig model_config_from_toml(const std::string& text, const ModelConfig& b
     if (auto i = v.value<int64_t>(); i && v.is_integer()) {
       j[key] = *i;
     } else if (auto f = v.value<double>(); f && v.is_floating_point()) {
+      // JSON has no NaN / inf (they would turn into null, i.e. "not given").
+      LOWBIT_USER_CHECK(std::isfinite(*f), "{}: key '{}' is {}; give a finite number", source, key,
+                        *f);
       j[key] = *f;
     } else if (auto b = v.value<bool>(); b && v.is_boolean()) {
       j[key] = *b;

@@ -652,15 +652,15 @@ ojson read_trainer_json(const std::string& dir) {
                     "one",
                     path, e.what()));
   }
-  LOWBIT_USER_CHECK(t.is_object() && t.value("format", std::string()) == "lowbit-checkpoint",
+  LOWBIT_USER_CHECK(json_string_or(t, "format", "") == "lowbit-checkpoint",
                     "{}: not a lowbit checkpoint description (\"format\" is not "
                     "\"lowbit-checkpoint\")",
                     path);
-  const int version = t.value("format_version", 0);
+  const int64_t version = json_int_or(t, "format_version", 0);
   LOWBIT_USER_CHECK(version >= 1 && version <= kCheckpointFormatVersion,
                     "{}: checkpoint format version {} written by lowbit {}; this build reads "
                     "version {} and earlier: use a newer lowbit",
-                    path, version, t.value("lowbit_version", std::string("?")),
+                    path, version, json_string_or(t, "lowbit_version", "?"),
                     kCheckpointFormatVersion);
   for (const char* key : {"step", "tokens"}) {
     LOWBIT_USER_CHECK(t.contains(key) && t[key].is_number_integer() && t[key].get<int64_t>() >= 0,
@@ -1082,7 +1082,7 @@ CheckpointState load_checkpoint(const std::string& dir, LlamaModel& model, bool 
   };
   st.data_state_json = opaque("data_state");
   st.train_config_json = opaque("train_config");
-  st.lowbit_version = t.value("lowbit_version", std::string());
+  st.lowbit_version = json_string_or(t, "lowbit_version", "");
   return st;
 }
 

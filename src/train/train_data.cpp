@@ -65,6 +65,16 @@ bool TrainData::is_end_of_text(int32_t id) const {
   return eot && *eot == id;
 }
 
+void make_run_dir(const std::string& dir) {
+  LOWBIT_USER_CHECK(!dir.empty(), "--out is empty: give the run directory");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  LOWBIT_USER_CHECK(!ec && fs::is_directory(dir),
+                    "--out {}: cannot create the run directory: {} (is a file in the way, or is "
+                    "the parent not writable?)",
+                    dir, ec ? ec.message() : std::string("not a directory"));
+}
+
 namespace {
 
 bool is_shard_input(const std::string& path) {
@@ -121,7 +131,11 @@ TrainData open_train_data(const TrainOptions& opt) {
                     "a .txt/.jsonl corpus or a shard directory)",
                     input));
   }
-  fs::create_directories(opt.out_dir);
+  LOWBIT_USER_CHECK(!fs::is_directory(input) || is_shard_input(input),
+                    "--data {}: a directory without manifest.json; give a shard directory "
+                    "written by the tokenize step, or a .txt / .jsonl corpus file",
+                    input);
+  make_run_dir(opt.out_dir);
   const std::string run_tok = (fs::path(opt.out_dir) / "tokenizer.json").string();
   std::optional<data::Tokenizer> tok;
   std::string tok_desc;

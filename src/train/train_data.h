@@ -50,6 +50,10 @@ class TrainData {
   int64_t val_next_ = 0;
 };
 
+// Creates the run directory (--out) and its parents; an empty path, a file in the way or an
+// unwritable parent is a UserError naming the flag.
+void make_run_dir(const std::string& dir);
+
 // Opens the data of a run (opt.data, opt.tokenizer, opt.vocab_size, opt.val_fraction): trains
 // and saves a tokenizer in out_dir when none is given (or reuses out_dir/tokenizer.json), and
 // tokenizes a text corpus into out_dir/tokens/ once (reused while the tokenizer matches).

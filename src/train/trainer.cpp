@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/json_read.h"
 #include "lowbit/core/sysinfo.h"
 #include "lowbit/train.h"
 #include "lowbit/train/checkpoint.h"
@@ -202,7 +203,7 @@ TrainResult train(const TrainOptions& options) {
   const GpuInfo* gpu = ctx.on_gpu() && !gpus.empty() ? &gpus[ctx.device().index] : nullptr;
   const Recipe recipe = opt.recipe ? *opt.recipe : default_recipe(gpu);
   check_recipe_runs(recipe, gpu);
-  std::filesystem::create_directories(opt.out_dir);
+  train_detail::make_run_dir(opt.out_dir);
 
   // ---- data ----
   train_detail::TrainData data = train_detail::open_train_data(opt);
@@ -247,11 +248,15 @@ TrainResult train(const TrainOptions& options) {
     const std::string prev = checkpoint_recipe(opt.resume);
     const CheckpointState st = load_checkpoint(opt.resume, model, /*load_optimizer=*/true);
     start_step = st.step;
+    LOWBIT_USER_CHECK(opt.total_steps == 0 || start_step < opt.total_steps,
+                      "{}: the checkpoint is at step {}, which already reaches --total_steps {}: "
+                      "nothing to train; give a larger --total_steps to continue the run",
+                      opt.resume, start_step, opt.total_steps);
     tokens_seen = st.tokens;
     data.restore(st.data_state_json);
     if (!st.train_config_json.empty()) {
       const nlohmann::json tc = nlohmann::json::parse(st.train_config_json, nullptr, false);
-      if (tc.is_object()) skipped = tc.value("skipped_steps", int64_t(0));
+      skipped = json_int_or(tc, "skipped_steps", 0);
     }
     ctx.set_seed(st.rng_seed);
     ctx.set_rng_offset(st.rng_offset);
