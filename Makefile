@@ -31,10 +31,11 @@ build: deps
 
 # The main job: train on the bundled corpus (the tiny preset on the CPU, 124m on a GPU), the
 # loss falling, then print a sample. ARGS adds flags, e.g. make run ARGS="--precision nvfp4".
+# Each make run starts over in RUN_OUT (--overwrite_output_dir).
 RUN_OUT ?= runs/make-run
 run: build
 	$(BUILD_DIR)/lowbit info
-	$(BUILD_DIR)/lowbit train --out $(RUN_OUT) --time_limit_minutes 5 $(ARGS)
+	$(BUILD_DIR)/lowbit train --out $(RUN_OUT) --overwrite_output_dir --time_limit_minutes 5 $(ARGS)
 
 # Everything that needs no GPU (what CI runs).
 test: build

@@ -61,6 +61,9 @@ struct TrainOptions {
   std::string out_dir = "runs/default";
   std::string resume;     // checkpoint directory: continue exactly where it stopped
   std::string init_from;  // checkpoint or HF model directory: weights only, step 0
+  // A fresh run (no resume) into an out_dir that already holds a run (its checkpoint/ or
+  // metrics.jsonl) is refused unless this is set: the new run would replace them.
+  bool overwrite_output_dir = false;
   int64_t eval_every = 100;
   int eval_batches = 8;
   int64_t log_every = 10;

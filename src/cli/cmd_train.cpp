@@ -205,6 +205,9 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_option("--out", o.out_dir, "Run directory (metrics.jsonl, tokenizer, checkpoints)")
       ->capture_default_str();
   cmd->add_option("--resume", o.resume, "Checkpoint directory to continue from");
+  cmd->add_flag("--overwrite_output_dir", o.overwrite_output_dir,
+                "Start a fresh run in an --out that holds a previous run (its checkpoint and "
+                "metrics are replaced)");
   cmd->add_option("--init-from,--init_from", o.init_from,
                   "Checkpoint or Hugging Face model directory: weights only, step 0");
   cmd->add_option("--eval_every", o.eval_every, "Validation every N steps (0: off)")

@@ -534,6 +534,13 @@ ModelConfig hf_model_config(const std::string& dir, const ModelConfig& base) {
 
 // ---- save ---------------------------------------------------------------------------------------
 
+void check_checkpoint_target(const std::string& dir) {
+  check_replaceable(normalize_dir(dir, "checkpoint"),
+                    {kCheckpointModelFile, kCheckpointOptimizerFile, kCheckpointConfigFile,
+                     kCheckpointTrainerFile},
+                    "checkpoint");
+}
+
 void save_checkpoint(const std::string& dir, const LlamaModel& model,
                      const CheckpointState& state) {
   const std::string target = normalize_dir(dir, "checkpoint");
@@ -541,10 +548,7 @@ void save_checkpoint(const std::string& dir, const LlamaModel& model,
                     "checkpoint: step ({}) and tokens ({}) must be ≥ 0", state.step, state.tokens);
   const ojson data_state = caller_json(state.data_state_json, "data loader state");
   const ojson train_config = caller_json(state.train_config_json, "training config");
-  check_replaceable(target,
-                    {kCheckpointModelFile, kCheckpointOptimizerFile, kCheckpointConfigFile,
-                     kCheckpointTrainerFile},
-                    "checkpoint");
+  check_checkpoint_target(dir);
   const ModelConfig& cfg = model.config();
   const PrecisionPlan& plan = model.plan();
 

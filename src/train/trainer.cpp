@@ -204,6 +204,20 @@ TrainResult train(const TrainOptions& options) {
   const Recipe recipe = opt.recipe ? *opt.recipe : default_recipe(gpu);
   check_recipe_runs(recipe, gpu);
   train_detail::make_run_dir(opt.out_dir);
+  const std::string ckpt_dir = fmt::format("{}/checkpoint", opt.out_dir);
+  check_checkpoint_target(ckpt_dir);  // fail now, not after the run at its first save
+  if (opt.resume.empty() && !opt.overwrite_output_dir) {
+    // A fresh run would replace the previous run's checkpoint and truncate its metrics.
+    std::error_code ec;
+    const std::string metrics_path = opt.out_dir + "/metrics.jsonl";
+    const bool had_ckpt = std::filesystem::exists(ckpt_dir, ec);
+    const bool had_metrics = std::filesystem::exists(metrics_path, ec) &&
+                             std::filesystem::file_size(metrics_path, ec) > 0;
+    LOWBIT_USER_CHECK(!had_ckpt && !had_metrics,
+                      "--out {} already holds a run ({}): continue it with --resume {}, start over "
+                      "in it with --overwrite_output_dir, or choose another --out",
+                      opt.out_dir, had_ckpt ? "a checkpoint" : "a metrics.jsonl", ckpt_dir);
+  }
 
   // ---- data ----
   train_detail::TrainData data = train_detail::open_train_data(opt);
@@ -305,7 +319,7 @@ TrainResult train(const TrainOptions& options) {
   };
 
   auto save = [&](int64_t step) {
-    const std::string dir = fmt::format("{}/checkpoint", opt.out_dir);
+    const std::string& dir = ckpt_dir;
     CheckpointState st;
     st.step = step;
     st.tokens = tokens_seen;

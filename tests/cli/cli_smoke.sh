@@ -268,6 +268,20 @@ grep -q "first 1 of 2 blocks are recomputed" "$tmp/out" ||
 grep -q "sample:" "$tmp/out" || fail "train: no sample printed"
 [[ -s $tmp/run/metrics.jsonl && -s $tmp/run/checkpoint/model.safetensors ]] ||
   fail "train: no metrics.jsonl or checkpoint"
+# A fresh run into a directory holding a run is refused (it would replace its checkpoint)...
+cp "$tmp/run/checkpoint/model.safetensors" "$tmp/model.before"
+run 2 train --cpu --data "$tmp/corpus.txt" --vocab_size 300 --n_layers 2 --batch_size 2 \
+  --seq_len 32 --total_steps 1 --sample_tokens 0 --out "$tmp/run"
+grep -q "already holds a run" "$tmp/err" || fail "fresh train into a run directory: not refused"
+grep -q -- "--overwrite_output_dir" "$tmp/err" || fail "fresh train into a run: no way out named"
+cmp -s "$tmp/run/checkpoint/model.safetensors" "$tmp/model.before" ||
+  fail "fresh train into a run directory: the checkpoint changed"
+# ... and a checkpoint directory holding a foreign file is refused before training, not after.
+mkdir -p "$tmp/run5/checkpoint" && echo notes >"$tmp/run5/checkpoint/notes.txt"
+run 2 train --cpu --data "$tmp/corpus.txt" --vocab_size 300 --n_layers 2 --batch_size 2 \
+  --seq_len 32 --total_steps 1 --sample_tokens 0 --out "$tmp/run5" --overwrite_output_dir
+grep -q "notes.txt" "$tmp/err" || fail "checkpoint dir with a foreign file: not named"
+[[ ! -e $tmp/run5/metrics.jsonl ]] || fail "checkpoint dir with a foreign file: training ran first"
 run 0 eval "$tmp/run/checkpoint" --cpu --data "$tmp/corpus.txt" --seq_len 32
 grep -q "perplexity" "$tmp/out" || fail "eval: no perplexity printed"
 run 0 generate "$tmp/run/checkpoint" --cpu --prompt "In the" --max_tokens 5

@@ -61,6 +61,9 @@ struct CheckpointState {
 // replaced. On failure the previous checkpoint at `dir` is left intact and no temporary
 // directory remains. Throws UserError.
 void save_checkpoint(const std::string& dir, const LlamaModel& model, const CheckpointState& state);
+// What save_checkpoint checks of `dir` before it writes (absent, or a checkpoint directory
+// holding nothing else), for a trainer to fail before its run rather than at its first save.
+void check_checkpoint_target(const std::string& dir);
 
 // Loads checkpoint `dir` into `model`, whose config must match the checkpoint's (max_seq_len
 // may differ): master weights always; AdamW moments and delayed-scaling state when
