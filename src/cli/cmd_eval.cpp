@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "cli/commands.h"
 #include "lowbit/core.h"
 #include "lowbit/data/corpus.h"
+#include "lowbit/data/loader.h"
 #include "lowbit/data/tokenizer.h"
 #include "lowbit/model.h"
 #include "lowbit/train/checkpoint.h"
@@ -65,6 +67,41 @@ LoadedModel load(const std::string& ckpt, const std::string& tokenizer,
   return m;
 }
 
+// The token stream of a corpus file and its loss mask (1: scored), as tokenize_corpus writes
+// shards of it.
+struct EvalTokens {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+};
+EvalTokens eval_tokens(const data::Tokenizer& tok, const std::string& path) {
+  struct Sink : data::DocumentSink {
+    const data::Tokenizer* tok = nullptr;
+    EvalTokens out;
+    bool in_chat = false;
+    void text(std::string_view piece) override {
+      tok->encode_append(piece, out.ids);
+      out.mask.resize(out.ids.size(), 1);
+    }
+    void chat(std::span<const data::ChatMessage> messages) override {
+      const data::TokensWithMask tm = data::tokenize_chat(*tok, messages);
+      out.ids.insert(out.ids.end(), tm.tokens.begin(), tm.tokens.end());
+      out.mask.insert(out.mask.end(), tm.mask.begin(), tm.mask.end());
+      in_chat = true;
+    }
+    void end_document() override {
+      if (in_chat) {  // a chat record ends with its own <|endoftext|>
+        in_chat = false;
+        return;
+      }
+      out.ids.push_back(tok->eot_id());
+      out.mask.push_back(1);
+    }
+  } sink;
+  sink.tok = &tok;
+  data::read_documents(path, sink);
+  return std::move(sink.out);
+}
+
 }  // namespace
 
 void add_eval_command(CLI::App& app, CommandAction& action) {
@@ -77,7 +114,8 @@ void add_eval_command(CLI::App& app, CommandAction& action) {
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand("eval", "Loss and perplexity of a checkpoint on a corpus");
   cmd->add_option("checkpoint", o->ckpt, "Checkpoint directory")->required();
-  cmd->add_option("--data", o->data, "Text or JSONL corpus (bundled: the King James Bible)")
+  cmd->add_option("--data", o->data,
+                  "Text or JSONL corpus, tokenized as for training (bundled: the King James Bible)")
       ->capture_default_str();
   cmd->add_option("--tokenizer", o->tokenizer, "Tokenizer (default: the run's tokenizer.json)");
   cmd->add_option("--precision", o->precision, "Recipe of the forward (default: the checkpoint's)");
@@ -96,8 +134,15 @@ void add_eval_command(CLI::App& app, CommandAction& action) {
       LOWBIT_USER_CHECK(o->batch > 0 && o->seq_len > 1, "--batch_size and --seq_len must be > 0");
       LoadedModel m = load(o->ckpt, o->tokenizer, o->precision, o->cpu);
       const std::string path = o->data == "bundled" ? data::default_corpus_path() : o->data;
-      std::vector<int32_t> ids = m.tok.encode(data::read_text_file(path));
-      if (static_cast<int64_t>(ids.size()) > o->max_tokens + 1) ids.resize(o->max_tokens + 1);
+      // The corpus tokenized as training tokenizes it (data/corpus.h): plain-text documents end
+      // with <|endoftext|>; a JSONL file's SFT records are scored on their assistant tokens only.
+      const EvalTokens et = eval_tokens(m.tok, path);
+      std::vector<int32_t> ids = et.ids;
+      std::vector<uint8_t> mask = et.mask;
+      if (static_cast<int64_t>(ids.size()) > o->max_tokens + 1) {
+        ids.resize(o->max_tokens + 1);
+        mask.resize(o->max_tokens + 1);
+      }
       const int T = std::min(o->seq_len, m.model->config().max_seq_len);
       const int64_t windows = (static_cast<int64_t>(ids.size()) - 1) / T;
       LOWBIT_USER_CHECK(windows > 0, "{}: {} tokens are fewer than one window of {}", path,
@@ -111,13 +156,19 @@ void add_eval_command(CLI::App& app, CommandAction& action) {
         for (int b = 0; b < B; ++b) {
           const int64_t s = (w0 + b) * T;
           std::copy(ids.begin() + s, ids.begin() + s + T, tok.ptr<int32_t>() + int64_t(b) * T);
-          std::copy(ids.begin() + s + 1, ids.begin() + s + T + 1,
-                    tgt.ptr<int32_t>() + int64_t(b) * T);
+          for (int t = 0; t < T; ++t) {
+            tgt.ptr<int32_t>()[int64_t(b) * T + t] =
+                mask[s + t + 1] != 0 ? ids[s + t + 1] : data::kIgnoreIndex;
+          }
         }
         const StepStats st = m.model->forward_loss(tok, tgt, B, T);
         loss += st.loss_sum;
         n += st.valid_tokens;
       }
+      LOWBIT_USER_CHECK(n > 0,
+                        "{}: no scored tokens in the first {} (SFT records score their "
+                        "assistant replies only)",
+                        path, ids.size());
       const double mean = loss / double(n);
       std::printf("%s on %s: %lld tokens, loss %.4f nats/token, perplexity %.2f\n", o->ckpt.c_str(),
                   path.c_str(), static_cast<long long>(n), mean, std::exp(mean));

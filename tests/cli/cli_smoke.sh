@@ -284,6 +284,10 @@ grep -q "notes.txt" "$tmp/err" || fail "checkpoint dir with a foreign file: not 
 [[ ! -e $tmp/run5/metrics.jsonl ]] || fail "checkpoint dir with a foreign file: training ran first"
 run 0 eval "$tmp/run/checkpoint" --cpu --data "$tmp/corpus.txt" --seq_len 32
 grep -q "perplexity" "$tmp/out" || fail "eval: no perplexity printed"
+# JSONL is read as a corpus (records, not raw JSON text): a bad record is an error naming its line.
+printf '{"text": "In the beginning was the word."}\n{"messages": 5}\n' >"$tmp/bad.jsonl"
+run 2 eval "$tmp/run/checkpoint" --cpu --data "$tmp/bad.jsonl" --seq_len 8
+grep -q "bad.jsonl:2" "$tmp/err" || fail "eval of a bad JSONL record: the line is not named"
 run 0 generate "$tmp/run/checkpoint" --cpu --prompt "In the" --max_tokens 5
 grep -q "tokens/s (KV cache" "$tmp/err" || fail "generate: no tokens/s line for the KV cache"
 grep -q "^In the" "$tmp/out" || fail "generate: the prompt is not echoed on stdout"
