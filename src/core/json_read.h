@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -20,16 +21,25 @@ namespace lowbit {
 inline constexpr int kMaxJsonDepth = 128;
 
 // Json::parse(input) with the limit; `what` names the source in the error (a path, "path:line").
-// Syntax errors still throw nlohmann's parse_error, as Json::parse does.
+// With unique_top_level_keys, a key repeated in the top-level object is a UserError too (JSON
+// keeps the last one silently; in a safetensors header that would hide a tensor). Syntax errors
+// still throw nlohmann's parse_error, as Json::parse does.
 template <class Json = nlohmann::json, class Input>
-Json parse_json_limited(Input&& input, const std::string& what) {
-  const typename Json::parser_callback_t limit = [&what](int depth, typename Json::parse_event_t,
-                                                         Json&) {
+Json parse_json_limited(Input&& input, const std::string& what,
+                        bool unique_top_level_keys = false) {
+  std::set<std::string> top_keys;
+  const typename Json::parser_callback_t limit = [&](int depth, typename Json::parse_event_t event,
+                                                     Json& parsed) {
     if (depth > kMaxJsonDepth) {
       throw UserError(
           fmt::format("{}: JSON nested deeper than {} levels; no file of this kind "
                       "nests that deep: it is damaged or not what it claims to be",
                       what, kMaxJsonDepth));
+    }
+    if (unique_top_level_keys && depth == 1 && event == Json::parse_event_t::key &&
+        parsed.is_string() && !top_keys.insert(parsed.template get<std::string>()).second) {
+      throw UserError(fmt::format("{}: the key '{}' appears twice; the file is damaged", what,
+                                  parsed.template get<std::string>()));
     }
     return true;
   };

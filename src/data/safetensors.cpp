@@ -106,7 +106,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
 
   nlohmann::json j;
   try {
-    j = parse_json_limited(header, path);
+    j = parse_json_limited(header, path, /*unique_top_level_keys=*/true);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: the header is not valid JSON: {}", path, e.what()));
   }
@@ -186,6 +186,19 @@ SafeTensorsFile read_safetensors(const std::string& path) {
                       "{}: tensors '{}' and '{}' have overlapping data_offsets", path,
                       spans[i - 1].name, spans[i].name);
   }
+  // The format indexes its whole buffer: no bytes between tensors, none after the last one (a
+  // file with holes is damaged, or something else wearing a safetensors header).
+  uint64_t covered = 0;
+  for (const Span& s : spans) {
+    LOWBIT_USER_CHECK(s.begin == covered,
+                      "{}: bytes {} to {} of the data buffer belong to no tensor (before '{}'); "
+                      "the file is damaged",
+                      path, covered, s.begin, s.name);
+    covered = s.end;
+  }
+  LOWBIT_USER_CHECK(covered == buffer_size,
+                    "{}: {} bytes after the last tensor belong to no tensor; the file is damaged",
+                    path, buffer_size - covered);
   for (const Span& s : spans) {
     SafeTensor& t = f.tensors.at(s.name);
     t.data.resize(s.end - s.begin);

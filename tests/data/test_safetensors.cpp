@@ -147,6 +147,21 @@ TEST_F(SafetensorsTest, DeeplyNestedHeaderIsAClearError) {
   EXPECT_READ_ERROR(write_raw(nested(126), "abcd"), "not a non-negative integer");
 }
 
+// The buffer is indexed whole and a name appears once (the format's rules): holes, trailing
+// bytes and a repeated key (JSON would keep the last entry silently) are errors.
+TEST_F(SafetensorsTest, HolesTrailingBytesAndRepeatedNamesAreErrors) {
+  EXPECT_READ_ERROR(write_raw(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                              R"("b":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}})",
+                              "abcde"),
+                    "belong to no tensor (before 'b')");
+  EXPECT_READ_ERROR(write_raw(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", "abcd"),
+                    "2 bytes after the last tensor");
+  EXPECT_READ_ERROR(write_raw(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                              R"("a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})",
+                              "abcd"),
+                    "the key 'a' appears twice");
+}
+
 TEST_F(SafetensorsTest, UnknownDtype) {
   EXPECT_READ_ERROR(write_raw(R"({"w":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", "x"),
                     "unknown dtype 'Q7'");
