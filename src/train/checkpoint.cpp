@@ -28,6 +28,7 @@
 #include "lowbit/core/tensor.h"
 #include "lowbit/data/safetensors.h"
 #include "lowbit/formats.h"
+#include "lowbit/recipe.h"
 
 namespace lowbit {
 
@@ -680,6 +681,14 @@ ojson read_trainer_json(const std::string& dir) {
                     path);
   LOWBIT_USER_CHECK(t.contains("recipe") && t["recipe"].is_string(),
                     "{}: \"recipe\" is missing; the checkpoint is damaged", path);
+  try {
+    recipe_from_name(t["recipe"].get<std::string>());
+  } catch (const UserError& e) {
+    throw UserError(
+        fmt::format("{}: \"recipe\" names no recipe of this build ({}); the "
+                    "checkpoint is damaged or from another lowbit",
+                    path, e.what()));
+  }
   LOWBIT_USER_CHECK(t.contains("model_config") && t["model_config"].is_object(),
                     "{}: \"model_config\" is missing; the checkpoint is damaged", path);
   LOWBIT_USER_CHECK(t.contains("files") && t["files"].is_object(),

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -421,6 +422,21 @@ TEST_F(CheckpointTest, DamagedFilesAreClearErrors) {
   msg = user_error([&] { load_checkpoint(dir, *b.model, true); });
   EXPECT_HAS(msg, "newer lowbit");
   restore();
+  // Fields of the wrong type or value get the reader's messages (not JSON type errors).
+  for (const auto& [key, value, want] : {std::tuple<const char*, nlohmann::json, const char*>{
+                                             "format", 5, "not a lowbit checkpoint"},
+                                         {"format_version", "1", "format version 0"},
+                                         {"recipe", "bogus", "names no recipe of this build"},
+                                         {"recipe", 7, "\"recipe\" is missing"}}) {
+    SCOPED_TRACE(key);
+    nlohmann::json t = nlohmann::json::parse(read_file(dir + "/trainer.json"));
+    t[key] = value;
+    write_file(dir + "/trainer.json", t.dump());
+    msg = user_error([&] { load_checkpoint(dir, *b.model, true); });
+    EXPECT_HAS(msg, want);
+    EXPECT_EQ(msg.find("json.exception"), std::string::npos) << msg;
+    restore();
+  }
 
   // Missing directory, with and without what an interrupted save leaves.
   msg = user_error([&] { load_checkpoint(path("nope"), *b.model, true); });
