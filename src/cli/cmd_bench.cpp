@@ -1,6 +1,8 @@
 // `lowbit bench <what>`: performance measurements on the GPU (never part of the tests).
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <memory>
 
@@ -164,7 +166,8 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       const auto rows = bench::run_quant_bench(opt);
       if (!q->json_out.empty()) {
         std::ofstream f(q->json_out);
-        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}", q->json_out);
+        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}: {} (does its directory exist?)",
+                          q->json_out, std::strerror(errno));
         for (const auto& r : rows) {
           nlohmann::json j = {{"impl", "lowbit"}, {"device", gpus[0].name},
                               {"shape", r.shape}, {"recipe", r.recipe},
@@ -248,7 +251,8 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       std::ofstream f;
       if (!t->json_out.empty()) {
         f.open(t->json_out);
-        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}", t->json_out);
+        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}: {} (does its directory exist?)",
+                          t->json_out, std::strerror(errno));
       }
       for (const auto& r : bench::run_train_bench(opt)) {
         if (!r.error.empty()) {
@@ -352,7 +356,8 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       std::ofstream f;
       if (!g->json_out.empty()) {
         f.open(g->json_out);
-        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}", g->json_out);
+        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}: {} (does its directory exist?)",
+                          g->json_out, std::strerror(errno));
       }
       std::printf("lowbit bench gemm on %s\n", gpus[0].name.c_str());
       const auto rows = bench::run_gemm_bench(opt);
@@ -445,7 +450,8 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       std::ofstream f;
       if (!o->json_out.empty()) {
         f.open(o->json_out);
-        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}", o->json_out);
+        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}: {} (does its directory exist?)",
+                          o->json_out, std::strerror(errno));
       }
       std::printf("lowbit bench ops on %s\n", gpus[0].name.c_str());
       std::printf("%-6s %-26s %-30s %12s %27s\n", "preset", "op", "shape", "time",

@@ -1,7 +1,10 @@
 // Model configurations: presets, validation, our JSON form and Hugging Face config.json.
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -293,8 +296,14 @@ ModelConfig model_config_from_toml(const std::string& text, const ModelConfig& b
 }
 
 ModelConfig model_config_from_file(const std::string& path, const ModelConfig& base) {
+  std::error_code ec;
+  LOWBIT_USER_CHECK(!std::filesystem::is_directory(path, ec),
+                    "model config '{}' is a directory; give the config file", path);
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(fmt::format("cannot read model config file '{}'", path));
+  if (!in) {
+    throw UserError(
+        fmt::format("cannot read model config file '{}': {}", path, std::strerror(errno)));
+  }
   std::stringstream ss;
   ss << in.rdbuf();
   const bool toml = path.size() >= 5 && path.compare(path.size() - 5, 5, ".toml") == 0;
