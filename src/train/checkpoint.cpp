@@ -648,6 +648,8 @@ ojson read_trainer_json(const std::string& dir) {
                          "incomplete copy?)",
                          dir));
   }
+  LOWBIT_USER_CHECK(fs::is_regular_file(path, ec),
+                    "{}: not a regular file; the checkpoint is damaged", path);
   ojson t;
   try {
     t = parse_json_limited<ojson>(read_text_file(path), path);
