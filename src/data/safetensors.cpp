@@ -73,6 +73,27 @@ std::string safetensors_dtype_name(DType t) {
   return "U8";
 }
 
+void check_safetensors_spans(std::vector<SafeTensorsSpan>& spans, uint64_t buffer_size,
+                             const std::string& path) {
+  std::sort(spans.begin(), spans.end(), [](const SafeTensorsSpan& a, const SafeTensorsSpan& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t covered = 0;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const SafeTensorsSpan& s = spans[i];
+    LOWBIT_USER_CHECK(s.begin >= covered, "{}: tensors '{}' and '{}' have overlapping data_offsets",
+                      path, spans[i - (i > 0 ? 1 : 0)].name, s.name);
+    LOWBIT_USER_CHECK(s.begin == covered,
+                      "{}: bytes {} to {} of the data buffer belong to no tensor (before '{}'); "
+                      "the file is damaged",
+                      path, covered, s.begin, s.name);
+    covered = s.end;
+  }
+  LOWBIT_USER_CHECK(covered == buffer_size,
+                    "{}: {} bytes after the last tensor belong to no tensor; the file is damaged",
+                    path, buffer_size - covered);
+}
+
 SafeTensorsFile read_safetensors(const std::string& path) {
   std::error_code ec;
   LOWBIT_USER_CHECK(!std::filesystem::is_directory(path, ec),
@@ -114,11 +135,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
 
   const uint64_t buffer_size = file_size - 8 - header_len;
   SafeTensorsFile f;
-  struct Span {
-    uint64_t begin, end;
-    std::string name;
-  };
-  std::vector<Span> spans;
+  std::vector<SafeTensorsSpan> spans;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();
     const nlohmann::json& v = it.value();
@@ -178,28 +195,8 @@ SafeTensorsFile read_safetensors(const std::string& path) {
     spans.push_back({b, e, name});
     f.tensors.emplace(name, std::move(t));
   }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  for (size_t i = 1; i < spans.size(); ++i) {
-    LOWBIT_USER_CHECK(spans[i].begin >= spans[i - 1].end,
-                      "{}: tensors '{}' and '{}' have overlapping data_offsets", path,
-                      spans[i - 1].name, spans[i].name);
-  }
-  // The format indexes its whole buffer: no bytes between tensors, none after the last one (a
-  // file with holes is damaged, or something else wearing a safetensors header).
-  uint64_t covered = 0;
-  for (const Span& s : spans) {
-    LOWBIT_USER_CHECK(s.begin == covered,
-                      "{}: bytes {} to {} of the data buffer belong to no tensor (before '{}'); "
-                      "the file is damaged",
-                      path, covered, s.begin, s.name);
-    covered = s.end;
-  }
-  LOWBIT_USER_CHECK(covered == buffer_size,
-                    "{}: {} bytes after the last tensor belong to no tensor; the file is damaged",
-                    path, buffer_size - covered);
-  for (const Span& s : spans) {
+  check_safetensors_spans(spans, buffer_size, path);
+  for (const SafeTensorsSpan& s : spans) {
     SafeTensor& t = f.tensors.at(s.name);
     t.data.resize(s.end - s.begin);
     in.seekg(static_cast<std::streamoff>(8 + header_len + s.begin));

@@ -48,16 +48,24 @@ void take(const nlohmann::json& j, const char* key, T& dst) {
   if (!j.contains(key) || j[key].is_null()) return;
   const nlohmann::json& v = j[key];
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    // get<int>() would truncate 128.9 and wrap 2^32 + 128 to 128: integers in range only.
+    // get<int>() would truncate 128.9 and wrap 2^32 + 128 to 128: integers in range only (a
+    // whole-number float such as 4096.0 counts as one).
+    constexpr double lo = double(std::numeric_limits<T>::min());
+    constexpr double hi = double(std::numeric_limits<T>::max());
     const bool in_range =
-        (v.is_number_integer() && v.get<int64_t>() >= std::numeric_limits<T>::min() &&
-         v.get<int64_t>() <= std::numeric_limits<T>::max()) ||
-        (v.is_number_unsigned() && v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max()));
+        v.is_number_unsigned()  ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+        : v.is_number_integer() ? v.get<int64_t>() >= std::numeric_limits<T>::min() &&
+                                      v.get<int64_t>() <= std::numeric_limits<T>::max()
+        : v.is_number_float() ? std::trunc(v.get<double>()) == v.get<double>() &&
+                                    v.get<double>() >= lo && v.get<double>() <= hi
+                              : false;
     if (!in_range) {
       throw std::invalid_argument(fmt::format(
           "'{}' must be an integer in [{}, {}], got {}", key, std::numeric_limits<T>::min(),
           std::numeric_limits<T>::max(), v.is_primitive() ? v.dump() : std::string(v.type_name())));
     }
+    dst = v.is_number_float() ? static_cast<T>(v.get<double>()) : v.get<T>();
+    return;
   }
   dst = v.get<T>();
 }
@@ -193,12 +201,14 @@ ModelConfig model_config_from_json(const std::string& text, const ModelConfig& b
       take(j, "rms_norm_eps", c.norm_eps);
       take(j, "rope_theta", c.rope.theta);
       take(j, "tie_word_embeddings", c.tie_embeddings);
-      if (j.contains("head_dim") && !j["head_dim"].is_null() && c.n_heads > 0 &&
-          j["head_dim"].get<int>() != c.d_model / c.n_heads) {
-        throw UserError(
-            fmt::format("{}: head_dim {} ≠ hidden_size / num_attention_heads is not "
-                        "supported",
-                        source, j["head_dim"].get<int>()));
+      if (j.contains("head_dim") && !j["head_dim"].is_null() && c.n_heads > 0) {
+        int head_dim = 0;
+        take(j, "head_dim", head_dim);
+        if (head_dim != c.d_model / c.n_heads) {
+          throw UserError(
+              fmt::format("{}: head_dim {} ≠ hidden_size / num_attention_heads is not supported",
+                          source, head_dim));
+        }
       }
       if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
         const auto& rs = j["rope_scaling"];

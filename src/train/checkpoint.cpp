@@ -664,7 +664,11 @@ ojson read_trainer_json(const std::string& dir) {
                     "\"lowbit-checkpoint\")",
                     path);
   const int64_t version = json_int_or(t, "format_version", 0);
-  LOWBIT_USER_CHECK(version >= 1 && version <= kCheckpointFormatVersion,
+  LOWBIT_USER_CHECK(version >= 1,
+                    "{}: \"format_version\" is missing or not a positive integer; the checkpoint "
+                    "is damaged",
+                    path);
+  LOWBIT_USER_CHECK(version <= kCheckpointFormatVersion,
                     "{}: checkpoint format version {} written by lowbit {}; this build reads "
                     "version {} and earlier: use a newer lowbit",
                     path, version, json_string_or(t, "lowbit_version", "?"),
@@ -682,7 +686,7 @@ ojson read_trainer_json(const std::string& dir) {
                     "damaged",
                     path);
   LOWBIT_USER_CHECK(t.contains("recipe") && t["recipe"].is_string(),
-                    "{}: \"recipe\" is missing; the checkpoint is damaged", path);
+                    "{}: \"recipe\" is missing or not a string; the checkpoint is damaged", path);
   try {
     recipe_from_name(t["recipe"].get<std::string>());
   } catch (const UserError& e) {
@@ -801,7 +805,7 @@ class StReader {
     const uint64_t buffer = file_size - data_start_;
     nlohmann::json j;
     try {
-      j = parse_json_limited(header, path_);
+      j = parse_json_limited(header, path_, /*unique_top_level_keys=*/true);
     } catch (const nlohmann::json::exception& e) {
       throw UserError(
           fmt::format("{}: the header is not valid JSON ({}); the file is damaged or "
@@ -809,7 +813,7 @@ class StReader {
                       path_, e.what()));
     }
     LOWBIT_USER_CHECK(j.is_object(), "{}: the header is not a JSON object", path_);
-    std::vector<std::pair<uint64_t, uint64_t>> spans;
+    std::vector<data::SafeTensorsSpan> spans;
     for (auto it = j.begin(); it != j.end(); ++it) {
       if (it.key() == "__metadata__") continue;
       const nlohmann::json& v = it.value();
@@ -847,14 +851,10 @@ class StReader {
         bad(fmt::format("data_offsets [{}, {}] are beyond the {} bytes of data (file truncated?)",
                         e.begin, e.end, buffer));
       }
-      spans.emplace_back(e.begin, e.end);
+      spans.push_back({e.begin, e.end, name});
       tensors_.emplace(name, std::move(e));
     }
-    std::sort(spans.begin(), spans.end());
-    for (size_t i = 1; i < spans.size(); ++i) {
-      LOWBIT_USER_CHECK(spans[i].first >= spans[i - 1].second,
-                        "{}: tensors with overlapping data_offsets; the file is damaged", path_);
-    }
+    data::check_safetensors_spans(spans, buffer, path_);
   }
   ~StReader() {
     if (fd_ >= 0) ::close(fd_);
@@ -979,6 +979,12 @@ bool is_checkpoint_dir(const std::string& dir) {
 
 std::string checkpoint_recipe(const std::string& dir) {
   return read_trainer_json(normalize_dir(dir, "checkpoint"))["recipe"].get<std::string>();
+}
+
+std::string checkpoint_train_config(const std::string& dir) {
+  const ojson t = read_trainer_json(normalize_dir(dir, "checkpoint"));
+  return t.contains("train_config") && t["train_config"].is_object() ? t["train_config"].dump()
+                                                                     : std::string();
 }
 
 ModelConfig checkpoint_model_config(const std::string& dir) {

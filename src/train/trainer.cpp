@@ -194,6 +194,16 @@ TrainResult train(const TrainOptions& options) {
   const auto t_start = Clock::now();
   Context ctx = options.force_cpu ? Context(Device::cpu()) : Context::create_default();
   TrainOptions opt = options;
+  if (!opt.resume.empty()) {
+    // A resumed run keeps its own schedule and batch shape: what the flags leave unset comes
+    // from the checkpoint (not from the device defaults, which may differ from the run's).
+    const nlohmann::json tc =
+        nlohmann::json::parse(checkpoint_train_config(opt.resume), nullptr, false);
+    if (opt.batch_size < 0) opt.batch_size = static_cast<int>(json_int_or(tc, "batch_size", -1));
+    if (opt.seq_len < 0) opt.seq_len = static_cast<int>(json_int_or(tc, "seq_len", -1));
+    if (opt.total_steps < 0) opt.total_steps = json_int_or(tc, "total_steps", -1);
+    if (opt.warmup_steps < 0) opt.warmup_steps = json_int_or(tc, "warmup_steps", -1);
+  }
   if (opt.batch_size < 0) opt.batch_size = ctx.on_gpu() ? 16 : 8;
   if (opt.seq_len < 0) opt.seq_len = ctx.on_gpu() ? 1024 : 128;
   if (opt.total_steps < 0) opt.total_steps = ctx.on_gpu() ? 1000 : 300;
@@ -206,17 +216,36 @@ TrainResult train(const TrainOptions& options) {
   train_detail::make_run_dir(opt.out_dir);
   const std::string ckpt_dir = fmt::format("{}/checkpoint", opt.out_dir);
   check_checkpoint_target(ckpt_dir);  // fail now, not after the run at its first save
-  if (opt.resume.empty() && !opt.overwrite_output_dir) {
-    // A fresh run would replace the previous run's checkpoint and truncate its metrics.
+  {
+    // A run into a directory that holds another run (any but the one it resumes) would replace
+    // that run's checkpoint and truncate its metrics: only with --overwrite_output_dir, which
+    // then clears them (and the run's tokenizer, retrained for this run's data and vocabulary)
+    // before anything else.
+    namespace fs = std::filesystem;
     std::error_code ec;
+    const bool resumes_here = !opt.resume.empty() && fs::equivalent(opt.resume, ckpt_dir, ec);
     const std::string metrics_path = opt.out_dir + "/metrics.jsonl";
-    const bool had_ckpt = std::filesystem::exists(ckpt_dir, ec);
-    const bool had_metrics = std::filesystem::exists(metrics_path, ec) &&
-                             std::filesystem::file_size(metrics_path, ec) > 0;
-    LOWBIT_USER_CHECK(!had_ckpt && !had_metrics,
-                      "--out {} already holds a run ({}): continue it with --resume {}, start over "
-                      "in it with --overwrite_output_dir, or choose another --out",
-                      opt.out_dir, had_ckpt ? "a checkpoint" : "a metrics.jsonl", ckpt_dir);
+    const bool had_ckpt = fs::exists(ckpt_dir, ec);
+    const bool had_metrics = fs::exists(metrics_path, ec) && fs::file_size(metrics_path, ec) > 0;
+    if (!resumes_here && (had_ckpt || had_metrics)) {
+      LOWBIT_USER_CHECK(
+          opt.overwrite_output_dir,
+          "--out {} already holds {}: {}start over in it with "
+          "--overwrite_output_dir, or choose another --out",
+          opt.out_dir,
+          had_ckpt ? "a run's checkpoint" : "the metrics of a run that left no checkpoint",
+          had_ckpt ? fmt::format("continue that run with --resume {}, ", ckpt_dir) : "");
+      const std::string run_tok = opt.out_dir + "/tokenizer.json";
+      fs::remove_all(ckpt_dir, ec);
+      fs::remove(metrics_path, ec);
+      if (opt.tokenizer.empty() || !fs::equivalent(opt.tokenizer, run_tok, ec)) {
+        fs::remove(run_tok, ec);
+      }
+      std::printf(
+          "--overwrite_output_dir: the previous run's checkpoint, metrics and tokenizer "
+          "in %s are removed\n",
+          opt.out_dir.c_str());
+    }
   }
 
   // ---- data ----
@@ -262,6 +291,10 @@ TrainResult train(const TrainOptions& options) {
     const std::string prev = checkpoint_recipe(opt.resume);
     const CheckpointState st = load_checkpoint(opt.resume, model, /*load_optimizer=*/true);
     start_step = st.step;
+    LOWBIT_USER_CHECK(opt.stop_at_step == 0 || opt.stop_at_step > start_step,
+                      "{}: --stop_at_step {} is not after the checkpoint's step {}: nothing to "
+                      "train",
+                      opt.resume, opt.stop_at_step, start_step);
     LOWBIT_USER_CHECK(opt.total_steps == 0 || start_step < opt.total_steps,
                       "{}: the checkpoint is at step {}, which already reaches --total_steps {}: "
                       "nothing to train; give a larger --total_steps to continue the run",
@@ -330,6 +363,7 @@ TrainResult train(const TrainOptions& options) {
     tc["seq_len"] = opt.seq_len;
     tc["grad_accum_steps"] = opt.grad_accum_steps;
     tc["total_steps"] = opt.total_steps;
+    tc["warmup_steps"] = sched.warmup_steps;
     tc["lr"] = opt.lr;
     tc["seed"] = opt.seed;
     st.train_config_json = tc.dump();

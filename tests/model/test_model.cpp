@@ -74,6 +74,24 @@ TEST(ModelConfigTest, RejectsBadShapesWithClearErrors) {
   EXPECT_THROW(c.validate(), UserError);
 }
 
+// Integer fields take integers in range (a whole-number float too), nothing truncated or
+// wrapped; TOML's NaN and inf are refused rather than read as "not given".
+TEST(ModelConfigTest, IntegersInRangeAndFiniteNumbersOnly) {
+  for (const char* bad : {R"({"d_model": 128.9})", R"({"d_model": 4294967424})",
+                          R"({"n_layers": 18446744073709551615})", R"({"n_heads": "4"})"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(model_config_from_json(bad, small_config(), "c.json"), UserError);
+  }
+  EXPECT_EQ(model_config_from_json(R"({"n_layers": 3.0})", small_config(), "c.json").n_layers, 3);
+  const std::string hf_head = R"({"hidden_size": 256, "num_attention_heads": 4,
+    "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 320, "head_dim": 64.9})";
+  EXPECT_THROW(model_config_from_json(hf_head, small_config(), "config.json"), UserError);
+  for (const char* bad : {"norm_eps = nan\n", "rope_factor = inf\n", "d_model = 1e99\n"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(model_config_from_toml(bad, small_config(), "c.toml"), UserError);
+  }
+}
+
 TEST(ModelConfigTest, ReadsHuggingFaceConfigAndOurJson) {
   const std::string hf = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
     "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 8,

@@ -423,11 +423,12 @@ TEST_F(CheckpointTest, DamagedFilesAreClearErrors) {
   EXPECT_HAS(msg, "newer lowbit");
   restore();
   // Fields of the wrong type or value get the reader's messages (not JSON type errors).
-  for (const auto& [key, value, want] : {std::tuple<const char*, nlohmann::json, const char*>{
-                                             "format", 5, "not a lowbit checkpoint"},
-                                         {"format_version", "1", "format version 0"},
-                                         {"recipe", "bogus", "names no recipe of this build"},
-                                         {"recipe", 7, "\"recipe\" is missing"}}) {
+  for (const auto& [key, value, want] :
+       {std::tuple<const char*, nlohmann::json, const char*>{"format", 5,
+                                                             "not a lowbit checkpoint"},
+        {"format_version", "1", "\"format_version\" is missing or not a positive integer"},
+        {"recipe", "bogus", "names no recipe of this build"},
+        {"recipe", 7, "\"recipe\" is missing or not a string"}}) {
     SCOPED_TRACE(key);
     nlohmann::json t = nlohmann::json::parse(read_file(dir + "/trainer.json"));
     t[key] = value;

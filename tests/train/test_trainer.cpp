@@ -232,6 +232,56 @@ TEST(TrainErrors, BadInputIsAClearError) {
   EXPECT_NE(failure(o).find("no_checkpoint"), std::string::npos) << failure(o);
 }
 
+// Run directories: a run is not overwritten by another unless asked (then it is cleared first),
+// a resumed run keeps its own schedule, and a resume with nothing to train says so.
+TEST(TrainErrors, RunDirectoriesAndResumeLimits) {
+  TrainOptions a = small_run(test_dir("dir_a"));
+  a.total_steps = 2;
+  a.recipe = Recipe::kBF16;
+  train(a);
+  TrainOptions b = small_run(test_dir("dir_b"));
+  b.total_steps = 1;
+  b.recipe = Recipe::kBF16;
+  train(b);
+  const std::string a_model = file_bytes(a.out_dir + "/checkpoint/model.safetensors");
+
+  TrainOptions o = a;  // a fresh run into a's directory
+  std::string msg = failure(o);
+  EXPECT_NE(msg.find("already holds a run's checkpoint"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--overwrite_output_dir"), std::string::npos) << msg;
+  o = b;  // a's checkpoint resumed into b's directory
+  o.resume = a.out_dir + "/checkpoint";
+  o.total_steps = 4;
+  msg = failure(o);
+  EXPECT_NE(msg.find("already holds a run's checkpoint"), std::string::npos) << msg;
+  EXPECT_EQ(file_bytes(a.out_dir + "/checkpoint/model.safetensors"), a_model);
+
+  o = a;  // resumed in place without --total_steps: the run's own 2, already reached
+  o.resume = a.out_dir + "/checkpoint";
+  o.total_steps = -1;
+  msg = failure(o);
+  EXPECT_NE(msg.find("already reaches --total_steps 2"), std::string::npos) << msg;
+  o.total_steps = 4;
+  o.stop_at_step = 1;
+  msg = failure(o);
+  EXPECT_NE(msg.find("--stop_at_step 1 is not after the checkpoint's step 2"), std::string::npos)
+      << msg;
+
+  o = a;  // starting over in a's directory clears it first
+  o.overwrite_output_dir = true;
+  o.total_steps = 3;
+  EXPECT_EQ(train(o).steps_done, 3);
+  EXPECT_EQ(losses(a.out_dir + "/metrics.jsonl").size(), 3u);
+
+  o = small_run("");
+  msg = failure(o);
+  EXPECT_NE(msg.find("--out is empty"), std::string::npos) << msg;
+  o = small_run(test_dir("no_manifest_run"));
+  o.data = test_dir("no_manifest_data");
+  msg = failure(o);
+  EXPECT_NE(msg.find("a directory without manifest.json"), std::string::npos) << msg;
+}
+
 TEST(TrainErrors, TruncatedCheckpointAndTokenizerMismatch) {
   TrainOptions o = small_run(test_dir("truncated"));
   o.total_steps = 2;

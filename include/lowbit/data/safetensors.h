@@ -47,6 +47,18 @@ std::string safetensors_dtype_name(DType t);
 // UserError naming the file and what is wrong.
 SafeTensorsFile read_safetensors(const std::string& path);
 
+// The data_offsets [begin, end) of a file's tensors: the format indexes its whole buffer, so they
+// must tile [0, buffer_size) — no overlap, no bytes between tensors, none after the last one (a
+// file with holes is damaged, or something else wearing a safetensors header). Sorts `spans`;
+// a UserError naming `path` and the tensors otherwise. (read_safetensors and the checkpoint
+// reader both check their headers with it.)
+struct SafeTensorsSpan {
+  uint64_t begin = 0, end = 0;
+  std::string name;
+};
+void check_safetensors_spans(std::vector<SafeTensorsSpan>& spans, uint64_t buffer_size,
+                             const std::string& path);
+
 // Writes `f` to `path`: tensors in sorted-name order, header padded with spaces to a multiple
 // of 8 bytes. The bytes go to `path.tmp-<pid>`, which is fsynced and renamed onto `path`; on any
 // failure the temporary file is removed and `path` is left as it was. Throws UserError.

@@ -76,6 +76,9 @@ CheckpointState load_checkpoint(const std::string& dir, LlamaModel& model, bool 
 
 // The recipe name stored in checkpoint `dir` ("fp8", "bf16", ...), read from trainer.json.
 std::string checkpoint_recipe(const std::string& dir);
+// The train_config JSON the trainer stored in checkpoint `dir` (batch_size, seq_len,
+// total_steps, warmup_steps, …), or "" when it stored none.
+std::string checkpoint_train_config(const std::string& dir);
 // The model config stored in checkpoint `dir` (trainer.json).
 ModelConfig checkpoint_model_config(const std::string& dir);
 // Whether `dir` holds a trainer.json (a lowbit checkpoint, as opposed to a Hugging Face model).
