@@ -195,7 +195,7 @@ void convert(Context& ctx, const TensorView& dst, const TensorView& src);
 // e.g. prompts in SFT). losses [n] f32 = logsumexp(logits) − logits[target] (0 for ignored
 // rows). When dlogits is non-null it receives [n, V] bf16 = grad_scale · (softmax − onehot)
 // (zero rows for ignored tokens) and may alias logits (computed in place).
-// grad_scale is typically 1 / (valid tokens in the batch · micro-batches).
+// grad_scale is typically 1 / (valid targets of the whole optimizer step, all micro-batches).
 void cross_entropy_fwd_bwd(Context& ctx, const TensorView& losses, const TensorView* dlogits,
                            const TensorView& logits, const TensorView& targets, int ignore_index,
                            float grad_scale);

@@ -76,7 +76,9 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   }
   out.loss = loss_sum / double(std::max<int64_t>(out.valid, 1));
   out.grad_norm = norm;
-  out.skipped = skip != 0 || !std::isfinite(out.loss);
+  // Skipped is what the guard did (AdamW's step count must follow the updates applied).
+  out.skipped = skip != 0;
+  out.loss_non_finite = !std::isfinite(out.loss);
   if (out.skipped) {
     const Tensor sh = Tensor::copy_of(sumsq_, Device::cpu());
     for (size_t i = 0; i < segs.size(); ++i) {

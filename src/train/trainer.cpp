@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <type_traits>
+#include <utility>
 
 #include "core/json_read.h"
 #include "lowbit/core/sysinfo.h"
@@ -190,6 +192,19 @@ struct Sampler {
 
 }  // namespace
 
+namespace {
+// The optimizer settings a checkpoint records and a resume takes back while the flags leave
+// them at their defaults (train_config in trainer.json; the keys name the options).
+constexpr std::pair<const char*, float TrainOptions::*> kOptimizerSettings[] = {
+    {"lr", &TrainOptions::lr},
+    {"min_lr_ratio", &TrainOptions::min_lr_ratio},
+    {"weight_decay", &TrainOptions::weight_decay},
+    {"grad_clip", &TrainOptions::grad_clip},
+    {"beta1", &TrainOptions::beta1},
+    {"beta2", &TrainOptions::beta2},
+    {"adam_eps", &TrainOptions::adam_eps}};
+}  // namespace
+
 TrainResult train(const TrainOptions& options) {
   const auto t_start = Clock::now();
   Context ctx = options.force_cpu ? Context(Device::cpu()) : Context::create_default();
@@ -203,6 +218,25 @@ TrainResult train(const TrainOptions& options) {
     if (opt.seq_len < 0) opt.seq_len = static_cast<int>(json_int_or(tc, "seq_len", -1));
     if (opt.total_steps < 0) opt.total_steps = json_int_or(tc, "total_steps", -1);
     if (opt.warmup_steps < 0) opt.warmup_steps = json_int_or(tc, "warmup_steps", -1);
+    // The optimizer settings: a value still at its default takes the checkpoint's (the run's
+    // own); one set to something else overrides it, and both are said.
+    const TrainOptions def;
+    auto keep = [&](auto& field, auto def_value, const char* key) {
+      using T = std::decay_t<decltype(field)>;
+      if (!tc.is_object() || !tc.contains(key) || !tc[key].is_number()) return;
+      const T stored = static_cast<T>(tc[key].get<double>());
+      if (field == def_value && stored != def_value) {
+        field = stored;
+        std::printf("resume: %s %g from the checkpoint\n", key, double(stored));
+      } else if (field != stored) {
+        std::printf("resume: %s %g (the checkpoint's run used %g)\n", key, double(field),
+                    double(stored));
+      }
+    };
+    keep(opt.grad_accum_steps, def.grad_accum_steps, "grad_accum_steps");
+    for (const auto& [key, member] : kOptimizerSettings) {
+      keep(opt.*member, def.*member, key);
+    }
   }
   if (opt.batch_size < 0) opt.batch_size = ctx.on_gpu() ? 16 : 8;
   if (opt.seq_len < 0) opt.seq_len = ctx.on_gpu() ? 1024 : 128;
@@ -364,7 +398,7 @@ TrainResult train(const TrainOptions& options) {
     tc["grad_accum_steps"] = opt.grad_accum_steps;
     tc["total_steps"] = opt.total_steps;
     tc["warmup_steps"] = sched.warmup_steps;
-    tc["lr"] = opt.lr;
+    for (const auto& [key, member] : kOptimizerSettings) tc[key] = opt.*member;
     tc["seed"] = opt.seed;
     st.train_config_json = tc.dump();
     st.rng_seed = ctx.seed();
@@ -419,11 +453,15 @@ TrainResult train(const TrainOptions& options) {
     if (skipped_now) {
       ++skipped;
       std::printf(
-          "step %lld: non-finite loss or gradient, update skipped (first non-finite "
-          "gradient: %s; %lld skipped so far)\n",
-          static_cast<long long>(step),
-          so.non_finite.empty() ? "none (the loss itself)" : so.non_finite.c_str(),
+          "step %lld: non-finite gradient, update skipped (first non-finite gradient: %s; %lld "
+          "skipped so far)\n",
+          static_cast<long long>(step + 1),
+          so.non_finite.empty() ? "the global norm overflowed" : so.non_finite.c_str(),
           static_cast<long long>(skipped));
+    } else if (so.loss_non_finite) {
+      std::printf(
+          "step %lld: the loss is not finite but the gradients are: the update was applied\n",
+          static_cast<long long>(step + 1));
     }
     const double dt = seconds_since(t0);
     const double tok_s = double(B) * T * opt.grad_accum_steps / dt;

@@ -199,6 +199,37 @@ TEST(TrainResume, ResumedRunEqualsUninterruptedRunBitForBit) {
   }
 }
 
+// A resume that repeats none of the run's settings continues it exactly: batch shape, schedule
+// and optimizer settings come from the checkpoint (small_run's lr, batch and warm-up are not the
+// defaults; two micro-batches per step).
+TEST(TrainResume, ResumeWithoutTheFlagsContinuesTheRun) {
+  TrainOptions full = small_run(test_dir("full_flags"));
+  full.recipe = Recipe::kBF16;
+  full.total_steps = 6;
+  full.grad_accum_steps = 2;
+  full.weight_decay = 0.05f;
+  train(full);
+  TrainOptions first = full;
+  first.out_dir = test_dir("part_flags");
+  first.stop_at_step = 3;
+  EXPECT_EQ(train(first).steps_done, 3);
+  TrainOptions second;  // only what a user types: the checkpoint, the data, the device
+  second.resume = first.out_dir + "/checkpoint";
+  second.out_dir = first.out_dir;
+  second.data = first.data;
+  second.tokenizer = first.tokenizer;
+  second.recipe = Recipe::kBF16;
+  second.force_cpu = true;
+  second.eval_every = 0;
+  second.sample_tokens = 0;
+  EXPECT_EQ(train(second).steps_done, 3);
+  EXPECT_EQ(losses(full.out_dir + "/metrics.jsonl"), losses(first.out_dir + "/metrics.jsonl"));
+  EXPECT_EQ(file_bytes(full.out_dir + "/checkpoint/model.safetensors"),
+            file_bytes(first.out_dir + "/checkpoint/model.safetensors"));
+  EXPECT_EQ(file_bytes(full.out_dir + "/checkpoint/optimizer.safetensors"),
+            file_bytes(first.out_dir + "/checkpoint/optimizer.safetensors"));
+}
+
 // The error message of a run that must fail before training.
 std::string failure(const TrainOptions& o) {
   try {

@@ -17,10 +17,13 @@ struct MicroBatch {
 };
 
 struct StepOutcome {
-  double loss = 0;         // mean loss over the valid targets of the step
-  int64_t valid = 0;       // valid targets of the step
-  double grad_norm = 0;    // global norm before clipping
-  bool skipped = false;    // non-finite loss or gradient: no update applied
+  double loss = 0;       // mean loss over the valid targets of the step
+  int64_t valid = 0;     // valid targets of the step
+  double grad_norm = 0;  // global norm before clipping
+  bool skipped = false;  // non-finite gradient: the guard applied no update
+  // The loss is not finite although the gradients are (e.g. a cross-entropy over logits at the
+  // float limit): the update was applied, and is counted as such.
+  bool loss_non_finite = false;
   std::string non_finite;  // the first parameter whose gradient is not finite ("" if none)
 };
 
