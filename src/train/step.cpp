@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "lowbit/core/nvtx.h"
 
@@ -23,6 +24,11 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   ParamArena& arena = model_.params();
   StepOutcome out;
   for (const MicroBatch& m : micro) out.valid += m.valid;
+  if (out.valid == 0) {
+    out.no_targets = true;
+    out.loss = std::numeric_limits<double>::quiet_NaN();
+    return out;
+  }
   // Every token's loss gradient is scaled by 1 / (valid targets of the whole step), so the
   // micro-batches add up to the gradient of the step's mean loss.
   const float grad_scale = 1.0f / float(std::max<int64_t>(out.valid, 1));

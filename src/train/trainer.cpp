@@ -450,7 +450,11 @@ TrainResult train(const TrainOptions& options) {
     const double gnorm = so.grad_norm;
     const double loss = so.loss;
     const bool skipped_now = so.skipped;
-    if (skipped_now) {
+    if (so.no_targets) {
+      ++skipped;  // no update: AdamW's count of applied updates stays
+      std::printf("step %lld: no target of the step carries loss (all masked): no update\n",
+                  static_cast<long long>(step + 1));
+    } else if (skipped_now) {
       ++skipped;
       std::printf(
           "step %lld: non-finite gradient, update skipped (first non-finite gradient: %s; %lld "
@@ -479,7 +483,7 @@ TrainResult train(const TrainOptions& options) {
     m["step_time_ms"] = dt * 1e3;
     if (mfu >= 0) m["mfu"] = mfu;
     m["tokens"] = tokens_seen;
-    m["skipped"] = skipped_now;
+    m["skipped"] = skipped_now || so.no_targets;
     const MemStats ms = mem_stats(dev);
     nlohmann::json mem;
     for (int c = 0; c < kNumMemCategories; ++c) {

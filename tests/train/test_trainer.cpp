@@ -5,7 +5,9 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,7 +17,9 @@
 
 #include "lowbit/data/corpus.h"
 #include "lowbit/data/tokenizer.h"
+#include "lowbit/model.h"
 #include "lowbit/train.h"
+#include "lowbit/train/step.h"
 
 namespace lowbit {
 namespace {
@@ -228,6 +232,36 @@ TEST(TrainResume, ResumeWithoutTheFlagsContinuesTheRun) {
             file_bytes(first.out_dir + "/checkpoint/model.safetensors"));
   EXPECT_EQ(file_bytes(full.out_dir + "/checkpoint/optimizer.safetensors"),
             file_bytes(first.out_dir + "/checkpoint/optimizer.safetensors"));
+}
+
+// A step none of whose targets carries loss (all masked) applies no update — no weight decay, no
+// moment decay — and says so, instead of a loss of 0 and a decayed model.
+TEST(TrainStep, AllTargetsMaskedIsNoUpdate) {
+  Context ctx(Device::cpu());
+  ModelConfig cfg = model_preset("tiny");
+  cfg.vocab_size = 64;
+  cfg.n_layers = 1;
+  LlamaModel model(cfg, resolve_precision(Recipe::kBF16, cfg), ctx);
+  model.init_weights(3);
+  StepRunner runner(model, ctx);
+  const int B = 2, T = 8;
+  Tensor tokens = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+  Tensor targets = Tensor::empty({B, T}, DType::kI32, Device::cpu());
+  for (int i = 0; i < B * T; ++i) {
+    tokens.ptr<int32_t>()[i] = i % 64;
+    targets.ptr<int32_t>()[i] = -1;
+  }
+  const Tensor before = Tensor::copy_of(model.params().master_all.view(), Device::cpu());
+  AdamWConfig ac;
+  ac.lr = 1e-2f;
+  ac.weight_decay = 0.5f;
+  const StepOutcome so =
+      runner.step({MicroBatch{tokens.view(), targets.view(), 0}}, B, T, ac, 1.0f, ForwardOptions{});
+  EXPECT_TRUE(so.no_targets);
+  EXPECT_TRUE(std::isnan(so.loss));
+  const Tensor after = Tensor::copy_of(model.params().master_all.view(), Device::cpu());
+  ASSERT_EQ(before.nbytes(), after.nbytes());
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), before.nbytes()), 0);
 }
 
 // The error message of a run that must fail before training.

@@ -25,6 +25,9 @@ struct StepOutcome {
   // float limit): the update was applied, and is counted as such.
   bool loss_non_finite = false;
   std::string non_finite;  // the first parameter whose gradient is not finite ("" if none)
+  // No target of the step carries loss (every one masked, e.g. SFT records without an answer in
+  // reach): nothing ran, no update (weight decay and the moments' decay included), loss NaN.
+  bool no_targets = false;
 };
 
 class StepRunner {
