@@ -7,8 +7,8 @@ Each file is the text output of `lowbit bench gemm` or its `--json-out` JSON lin
 (layer, role, mode) row present in both sets it prints the median time of A and of B, the
 median ratio to BF16 of each (timed in the same burst as the row, so a build's ratio does not
 depend on the other build's clocks) and the change of the median time, B against A. Rows whose
-change is below --min-delta percent in size are marked '~' (noise at three alternations is
-about 2 %).
+change is below --min-delta percent in size are marked '~' (2 % by default: about the spread
+of one build's rows over three alternations in results/h100-2026-11-27/a-first-1353/).
 """
 import argparse
 import json

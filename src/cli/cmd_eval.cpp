@@ -67,39 +67,24 @@ LoadedModel load(const std::string& ckpt, const std::string& tokenizer,
   return m;
 }
 
-// The token stream of a corpus file and its loss mask (1: scored), as tokenize_corpus writes
-// shards of it.
+// The token stream of a corpus file and its loss mask (1: scored), as training tokenizes it.
 struct EvalTokens {
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
 };
 EvalTokens eval_tokens(const data::Tokenizer& tok, const std::string& path) {
-  struct Sink : data::DocumentSink {
-    const data::Tokenizer* tok = nullptr;
-    EvalTokens out;
-    bool in_chat = false;
-    void text(std::string_view piece) override {
-      tok->encode_append(piece, out.ids);
-      out.mask.resize(out.ids.size(), 1);
-    }
-    void chat(std::span<const data::ChatMessage> messages) override {
-      const data::TokensWithMask tm = data::tokenize_chat(*tok, messages);
-      out.ids.insert(out.ids.end(), tm.tokens.begin(), tm.tokens.end());
-      out.mask.insert(out.mask.end(), tm.mask.begin(), tm.mask.end());
-      in_chat = true;
-    }
-    void end_document() override {
-      if (in_chat) {  // a chat record ends with its own <|endoftext|>
-        in_chat = false;
-        return;
-      }
-      out.ids.push_back(tok->eot_id());
-      out.mask.push_back(1);
-    }
-  } sink;
-  sink.tok = &tok;
-  data::read_documents(path, sink);
-  return std::move(sink.out);
+  EvalTokens out;
+  data::tokenize_documents(
+      tok, path,
+      [&](std::span<const int32_t> ids, std::span<const uint8_t> mask, int, bool, int64_t) {
+        out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+        if (mask.empty()) {
+          out.mask.resize(out.ids.size(), 1);
+        } else {
+          out.mask.insert(out.mask.end(), mask.begin(), mask.end());
+        }
+      });
+  return out;
 }
 
 }  // namespace

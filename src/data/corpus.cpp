@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -399,38 +400,22 @@ TokensWithMask tokenize_chat(const Tokenizer& tok, std::span<const ChatMessage> 
   return out;
 }
 
-CorpusStats tokenize_corpus(const Tokenizer& tok, const CorpusOptions& options) {
-  LOWBIT_USER_CHECK(!options.inputs.empty(), "no input files to tokenize");
-  for (const std::string& p : options.inputs) {
-    LOWBIT_USER_CHECK(fs::is_regular_file(p), "{}: input file not found (or not a regular file)",
-                      p);
-  }
-  const int32_t eot = tok.eot_id();
-  ShardWriter writer(options.output_dir, options.shard_prefix, tok.fingerprint(), tok.vocab_size(),
-                     options.shard_tokens);
-  CorpusStats stats;
-
+void tokenize_documents(const Tokenizer& tok, const std::string& path, const TokenRunFn& emit) {
   struct Sink : DocumentSink {
     const Tokenizer* tok;
-    ShardWriter* writer;
-    CorpusStats* stats;
-    int32_t eot;
+    const TokenRunFn* emit;
     std::vector<int32_t> ids;
+    bool in_chat = false;
     void text(std::string_view piece) override {
-      stats->input_bytes += static_cast<int64_t>(piece.size());
       ids.clear();
       tok->encode_append(piece, ids);
-      writer->add(ids);
-      stats->tokens += static_cast<int64_t>(ids.size());
-      stats->masked_tokens += static_cast<int64_t>(ids.size());
+      (*emit)(ids, {}, 0, false, static_cast<int64_t>(piece.size()));
     }
     void chat(std::span<const ChatMessage> messages) override {
-      for (const ChatMessage& m : messages) stats->input_bytes += m.content.size();
+      int64_t bytes = 0;
+      for (const ChatMessage& m : messages) bytes += static_cast<int64_t>(m.content.size());
       const TokensWithMask tm = tokenize_chat(*tok, messages);
-      writer->add(tm.tokens, tm.mask, 1);
-      stats->tokens += static_cast<int64_t>(tm.tokens.size());
-      for (uint8_t m : tm.mask) stats->masked_tokens += m;
-      ++stats->chat_records;
+      (*emit)(tm.tokens, tm.mask, 1, true, bytes);
       in_chat = true;
     }
     void end_document() override {
@@ -438,19 +423,38 @@ CorpusStats tokenize_corpus(const Tokenizer& tok, const CorpusOptions& options) 
         in_chat = false;
         return;
       }
-      const int32_t sep = eot;
-      writer->add(std::span<const int32_t>(&sep, 1), {}, 1);
-      ++stats->tokens;
-      ++stats->masked_tokens;
-      ++stats->documents;
+      const int32_t sep = tok->eot_id();
+      (*emit)(std::span<const int32_t>(&sep, 1), {}, 1, false, 0);
     }
-    bool in_chat = false;
   } sink;
   sink.tok = &tok;
-  sink.writer = &writer;
-  sink.stats = &stats;
-  sink.eot = eot;
-  for (const std::string& p : options.inputs) read_documents(p, sink);
+  sink.emit = &emit;
+  read_documents(path, sink);
+}
+
+CorpusStats tokenize_corpus(const Tokenizer& tok, const CorpusOptions& options) {
+  LOWBIT_USER_CHECK(!options.inputs.empty(), "no input files to tokenize");
+  for (const std::string& p : options.inputs) {
+    LOWBIT_USER_CHECK(fs::is_regular_file(p), "{}: input file not found (or not a regular file)",
+                      p);
+  }
+  ShardWriter writer(options.output_dir, options.shard_prefix, tok.fingerprint(), tok.vocab_size(),
+                     options.shard_tokens);
+  CorpusStats stats;
+  const TokenRunFn emit = [&](std::span<const int32_t> ids, std::span<const uint8_t> mask,
+                              int documents_ended, bool chat, int64_t input_bytes) {
+    writer.add(ids, mask, documents_ended);
+    stats.input_bytes += input_bytes;
+    stats.tokens += static_cast<int64_t>(ids.size());
+    stats.masked_tokens += mask.empty() ? static_cast<int64_t>(ids.size())
+                                        : std::count(mask.begin(), mask.end(), uint8_t{1});
+    if (chat) {
+      ++stats.chat_records;
+    } else if (documents_ended > 0) {
+      ++stats.documents;
+    }
+  };
+  for (const std::string& p : options.inputs) tokenize_documents(tok, p, emit);
   stats.shards = writer.finish();
   return stats;
 }

@@ -81,8 +81,9 @@ void check_safetensors_spans(std::vector<SafeTensorsSpan>& spans, uint64_t buffe
   uint64_t covered = 0;
   for (size_t i = 0; i < spans.size(); ++i) {
     const SafeTensorsSpan& s = spans[i];
+    // (covered is 0 for the first span, so only a later one can fail this.)
     LOWBIT_USER_CHECK(s.begin >= covered, "{}: tensors '{}' and '{}' have overlapping data_offsets",
-                      path, spans[i - (i > 0 ? 1 : 0)].name, s.name);
+                      path, spans[i - 1].name, s.name);
     LOWBIT_USER_CHECK(s.begin == covered,
                       "{}: bytes {} to {} of the data buffer belong to no tensor (before '{}'); "
                       "the file is damaged",

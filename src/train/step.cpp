@@ -26,6 +26,7 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   for (const MicroBatch& m : micro) out.valid += m.valid;
   if (out.valid == 0) {
     out.no_targets = true;
+    out.skipped = true;
     out.loss = std::numeric_limits<double>::quiet_NaN();
     return out;
   }

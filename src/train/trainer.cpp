@@ -190,9 +190,6 @@ struct Sampler {
   }
 };
 
-}  // namespace
-
-namespace {
 // The optimizer settings a checkpoint records and a resume takes back while the flags leave
 // them at their defaults (train_config in trainer.json; the keys name the options).
 constexpr std::pair<const char*, float TrainOptions::*> kOptimizerSettings[] = {
@@ -450,12 +447,11 @@ TrainResult train(const TrainOptions& options) {
     const double gnorm = so.grad_norm;
     const double loss = so.loss;
     const bool skipped_now = so.skipped;
+    if (skipped_now) ++skipped;  // no update: AdamW's count of applied updates stays
     if (so.no_targets) {
-      ++skipped;  // no update: AdamW's count of applied updates stays
       std::printf("step %lld: no target of the step carries loss (all masked): no update\n",
                   static_cast<long long>(step + 1));
     } else if (skipped_now) {
-      ++skipped;
       std::printf(
           "step %lld: non-finite gradient, update skipped (first non-finite gradient: %s; %lld "
           "skipped so far)\n",
@@ -483,7 +479,7 @@ TrainResult train(const TrainOptions& options) {
     m["step_time_ms"] = dt * 1e3;
     if (mfu >= 0) m["mfu"] = mfu;
     m["tokens"] = tokens_seen;
-    m["skipped"] = skipped_now || so.no_targets;
+    m["skipped"] = skipped_now;
     const MemStats ms = mem_stats(dev);
     nlohmann::json mem;
     for (int c = 0; c < kNumMemCategories; ++c) {

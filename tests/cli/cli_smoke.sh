@@ -204,6 +204,23 @@ run 2 quantize "$tmp/in.safetensors" "$tmp/" --recipe mxfp8
 grep -q "is a directory" "$tmp/err" || fail "quantize to a directory: unclear error"
 run 2 quantize "$tmp" "$tmp/t.safetensors" --recipe mxfp8
 grep -q "is a directory, not a safetensors file" "$tmp/err" || fail "quantize of a directory: unclear"
+run 2 quantize "$tmp/in.safetensors" "" --recipe mxfp8
+grep -q "output file name is empty" "$tmp/err" || fail "quantize to an empty OUT: unclear error"
+# A weight holding an inf: converted, with a warning that its block scales overflow.
+python3 - "$tmp/inf.safetensors" <<'EOF' || fail "cannot write the inf safetensors file"
+import struct, sys
+v = [0.5] * 1024
+v[3] = float("inf")
+data = struct.pack("<1024f", *v)
+h = ('{"w":{"dtype":"F32","shape":[32,32],"data_offsets":[0,%d]}}' % len(data)).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + data)
+EOF
+run 0 quantize "$tmp/inf.safetensors" "$tmp/inf_nvfp4.safetensors" --recipe nvfp4
+grep -q "warning: w \[32, 32\]: 1 non-finite source values" "$tmp/out" ||
+  fail "quantize of a weight with an inf: no warning"
+grep -q "1023 finite values dequantize to NaN / inf" "$tmp/out" ||
+  fail "quantize of a weight with an inf: the lost values are not counted"
 
 run 2 bogus-command
 grep -q "error:" "$tmp/err" || fail "unknown command: no 'error:' line"

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "lowbit/formats.h"
@@ -117,6 +118,12 @@ TEST(ModelConfigTest, ReadsHuggingFaceConfigAndOurJson) {
                UserError);
   EXPECT_THROW(model_config_from_json("{not json", small_config(), "bad.json"), UserError);
   EXPECT_THROW(model_config_from_file("/nonexistent/config.json", small_config()), UserError);
+  try {  // a directory is named as such, not reported as invalid JSON
+    model_config_from_file(std::filesystem::temp_directory_path().string(), small_config());
+    ADD_FAILURE() << "a directory was read as a model config";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
   // TOML with the same keys, top level or under [model].
   const ModelConfig t1 =
       model_config_from_toml("n_layers = 3\nrope_theta = 500000.0\n", small_config(), "a.toml");

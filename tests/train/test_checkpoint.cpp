@@ -413,6 +413,10 @@ TEST_F(CheckpointTest, DamagedFilesAreClearErrors) {
   fs::remove(dir + "/trainer.json");
   msg = user_error([&] { load_checkpoint(dir, *b.model, true); });
   EXPECT_HAS(msg, "--init-from");  // config.json is there: looks like a Hugging Face model
+  fs::create_directory(dir + "/trainer.json");
+  msg = user_error([&] { load_checkpoint(dir, *b.model, true); });
+  EXPECT_HAS(msg, "not a regular file");
+  fs::remove(dir + "/trainer.json");
   restore();
   {
     nlohmann::json t = nlohmann::json::parse(read_file(dir + "/trainer.json"));
@@ -621,6 +625,14 @@ TEST_F(CheckpointTest, HfExportLoadsBack) {
   save_hf_model(dir, *a.model, DType::kF32);
   load_hf_weights(dir, *b.model);
   EXPECT_TRUE(same_bytes(a.arena().master_all, b.arena().master_all));
+
+  // The checkpoint reader holds a safetensors file to the format: bytes after the last tensor
+  // (here four appended) are damage, not ignored.
+  {
+    std::ofstream f(dir + "/model.safetensors", std::ios::binary | std::ios::app);
+    f.write("abcd", 4);
+  }
+  EXPECT_HAS(user_error([&] { load_hf_weights(dir, *b.model); }), "after the last tensor");
 }
 
 TEST_F(CheckpointTest, HfShardedDirectoryLoads) {

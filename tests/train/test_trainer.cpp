@@ -258,6 +258,7 @@ TEST(TrainStep, AllTargetsMaskedIsNoUpdate) {
   const StepOutcome so =
       runner.step({MicroBatch{tokens.view(), targets.view(), 0}}, B, T, ac, 1.0f, ForwardOptions{});
   EXPECT_TRUE(so.no_targets);
+  EXPECT_TRUE(so.skipped);
   EXPECT_TRUE(std::isnan(so.loss));
   const Tensor after = Tensor::copy_of(model.params().master_all.view(), Device::cpu());
   ASSERT_EQ(before.nbytes(), after.nbytes());
@@ -341,6 +342,9 @@ TEST(TrainErrors, RunDirectoriesAndResumeLimits) {
   o = small_run("");
   msg = failure(o);
   EXPECT_NE(msg.find("--out is empty"), std::string::npos) << msg;
+  o = small_run(a.out_dir + "/metrics.jsonl/run");  // a file in the way
+  msg = failure(o);
+  EXPECT_NE(msg.find("cannot create the run directory"), std::string::npos) << msg;
   o = small_run(test_dir("no_manifest_run"));
   o.data = test_dir("no_manifest_data");
   msg = failure(o);

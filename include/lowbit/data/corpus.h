@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -115,6 +116,17 @@ struct TokensWithMask {
 // conversation, an unknown role, or a tokenizer without the special tokens.
 TokensWithMask tokenize_chat(const Tokenizer& tok, std::span<const ChatMessage> messages,
                              bool add_generation_prompt = false);
+
+// The tokens of one corpus file as training tokenizes it, in order: each plain-text piece
+// (every token carries loss), each SFT record through tokenize_chat (its own mask, ending with
+// its <|endoftext|>), and the <|endoftext|> that ends each plain-text document. `emit` receives
+// every run with its mask (empty: all 1), the documents it ends (0 or 1), whether it is an SFT
+// record, and the input bytes it came from. tokenize_corpus writes the runs into shards;
+// `lowbit eval` scores them.
+using TokenRunFn =
+    std::function<void(std::span<const int32_t> tokens, std::span<const uint8_t> mask,
+                       int documents_ended, bool chat, int64_t input_bytes)>;
+void tokenize_documents(const Tokenizer& tok, const std::string& path, const TokenRunFn& emit);
 
 struct CorpusOptions {
   std::vector<std::string> inputs;  // files (see above)
