@@ -158,18 +158,21 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_option("--val_fraction", o.val_fraction, "Fraction of tokens held out")
       ->capture_default_str();
   // Optimisation.
-  cmd->add_option("--batch_size", o.batch_size,
-                  "Sequences per micro-batch (default 16 on a GPU, 8 on the CPU)")
+  cmd->add_option(
+         "--batch_size", o.batch_size,
+         "Sequences per micro-batch (default 16 on a GPU, 8 on the CPU; --resume: the run's)")
       ->check(integer_at_least(1));
-  cmd->add_option("--seq_len", o.seq_len,
-                  "Tokens per sequence (default 1024 on a GPU, 128 on the CPU)")
+  cmd->add_option(
+         "--seq_len", o.seq_len,
+         "Tokens per sequence (default 1024 on a GPU, 128 on the CPU; --resume: the run's)")
       ->check(integer_at_least(2));
   cmd->add_option("--grad_accum_steps", o.grad_accum_steps, "Micro-batches per optimizer step")
       ->capture_default_str();
   cmd->add_option("--total_steps", o.total_steps,
-                  "Optimizer steps (default 1000 on a GPU, 300 on the CPU)")
+                  "Optimizer steps (default 1000 on a GPU, 300 on the CPU; --resume: the run's)")
       ->check(integer_at_least(0));
-  cmd->add_option("--warmup_steps", o.warmup_steps, "Linear warm-up steps (default 5%)")
+  cmd->add_option("--warmup_steps", o.warmup_steps,
+                  "Linear warm-up steps (default 5%; --resume: the run's)")
       ->check(integer_at_least(0));
   cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--min_lr_ratio", o.min_lr_ratio, "Cosine floor as a fraction of --lr")
@@ -206,8 +209,8 @@ void add_train_command(CLI::App& app, CommandAction& action) {
       ->capture_default_str();
   cmd->add_option("--resume", o.resume, "Checkpoint directory to continue from");
   cmd->add_flag("--overwrite_output_dir", o.overwrite_output_dir,
-                "Start a fresh run in an --out that holds a previous run (its checkpoint and "
-                "metrics are replaced)");
+                "Start a fresh run in an --out that holds a previous run (its checkpoint, metrics "
+                "and tokenizer are removed first)");
   cmd->add_option("--init-from,--init_from", o.init_from,
                   "Checkpoint or Hugging Face model directory: weights only, step 0");
   cmd->add_option("--eval_every", o.eval_every, "Validation every N steps (0: off)")
@@ -237,6 +240,10 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_option("--sample_prompt", o.sample_prompt, "Prompt of the sample")
       ->capture_default_str();
   cmd->add_flag("--cpu", o.force_cpu, "Train on the CPU even when a GPU is present");
+  cmd->footer(
+      "--resume continues a run exactly: the flags it leaves at their defaults (batch shape,\n"
+      "schedule, --grad_accum_steps, --lr, --min_lr_ratio, --weight_decay, --grad_clip) take the\n"
+      "run's values from its checkpoint; docs/training.md.");
   cmd->callback([flags, &action]() {
     action = [flags]() {
       resolve_recipe_flags(*flags);
