@@ -609,11 +609,15 @@ __global__ void __launch_bounds__(256) dequant_perm_kernel(PermJob j, Nvfp4Alpha
   if (al.out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) write_nvfp4_alpha(al);
   __shared__ __align__(16) uint4 stage[256][8];  // [thread][16-byte piece ^ (thread % 8)]
   const int t = threadIdx.x;
-  const int64_t per_row = j.cols / 64;
-  const int64_t units = j.rows * per_row;
-  const int64_t u = int64_t(blockIdx.x) * 256 + t;
+  // 32-bit unit arithmetic (units < 2^31: dequant_b_permuted): the int64 division and remainder
+  // per thread and store round cost more issue slots than the conversion itself.
+  const uint32_t per_row = uint32_t(j.cols / 64);
+  const uint32_t units = uint32_t(j.rows) * per_row;
+  const uint32_t u = blockIdx.x * 256u + uint32_t(t);
+  const uint32_t ur = u / per_row, ukb = u - ur * per_row;
+  const int64_t out_off = int64_t(ur) * j.cols + 64 * int64_t(ukb);  // this unit's first output
   if (u < units) {
-    const int64_t r = u / per_row, kb = u % per_row;
+    const int64_t r = ur, kb = ukb;
     uint32_t v[4][8];
     if constexpr (kKind == FusedKind::kNvfp4) {
       const uint4* src = reinterpret_cast<const uint4*>(j.codes + r * (j.cols / 2) + 32 * kb);
@@ -647,11 +651,9 @@ __global__ void __launch_bounds__(256) dequant_perm_kernel(PermJob j, Nvfp4Alpha
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int slot = base + 4 * i + lane / 8, piece = lane % 8;
-    const int64_t us = int64_t(blockIdx.x) * 256 + slot;
-    if (us < units) {
-      const int64_t r = us / per_row, kb = us % per_row;
-      *reinterpret_cast<uint4*>(j.out + r * j.cols + 64 * kb + 8 * piece) =
-          stage[slot][piece ^ (slot & 7)];
+    const int64_t off = __shfl_sync(0xFFFFFFFFu, out_off, 4 * i + lane / 8);  // slot's unit
+    if (blockIdx.x * 256u + uint32_t(slot) < units) {
+      *reinterpret_cast<uint4*>(j.out + off + 8 * piece) = stage[slot][piece ^ (slot & 7)];
     }
   }
 }
@@ -713,21 +715,49 @@ __device__ __forceinline__ void reduce_store4(const PartsReduce& r, float (&x)[4
   }
 }
 
+// Sums the float4s at p + slot · kBM · kBN for slots slot0 … slot0 + count - 1, in slot order
+// (the order of the parts: deterministic). The loads of up to kBatch slots are issued before
+// their sums, so that a thread waits for one L2 round trip per kBatch slots, not one per slot.
+__device__ __forceinline__ float4 sum_slots(const float* p, int slot0, int count) {
+  constexpr int kBatch = 8;
+  float4 v = *reinterpret_cast<const float4*>(p + int64_t(slot0) * kBM * kBN);
+  for (int j = 1; j < count; j += kBatch) {
+    float4 w[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (j + b < count) {
+        w[b] = *reinterpret_cast<const float4*>(p + int64_t(slot0 + j + b) * kBM * kBN);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (j + b < count) v.x += w[b].x, v.y += w[b].y, v.z += w[b].z, v.w += w[b].w;
+    }
+  }
+  return v;
+}
+
+// One block per kReduceRows rows × 256 columns of one output tile (grid: tiles_c × R /
+// kReduceRows), so that the tile's slots are found once per block; thread t adds columns
+// 4 (t % 64) … + 3 of rows t / 64 and t / 64 + 4 of the block's rows.
+constexpr int kReduceRows = 8;
 __global__ void __launch_bounds__(256) parts_reduce_kernel(PartsReduce r) {
   pdl::grid_sync();
-  const int64_t n4 = r.R * r.C / 4;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = (4 * i) / r.C, col = (4 * i) % r.C;
-    int slot0, count;
-    element_slots(r, row, col, &slot0, &count);
-    const float* tile = r.partial + (row % kBM) * kBN + col % kBN;
-    float4 v = *reinterpret_cast<const float4*>(tile + int64_t(slot0) * kBM * kBN);
-    for (int j = 1; j < count; ++j) {
-      const float4 w = *reinterpret_cast<const float4*>(tile + int64_t(slot0 + j) * kBM * kBN);
-      v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
-    }
-    float x[4] = {v.x, v.y, v.z, v.w};
+  const int tc = blockIdx.x, strip = blockIdx.y;
+  const int tr = strip / (kBM / kReduceRows);
+  const int lr0 = (strip % (kBM / kReduceRows)) * kReduceRows;
+  int slot0, count;
+  tile_slots(r.tiles_r, r.tiles_c, r.nk, r.parts, tr, tc, &slot0, &count);
+  const int t = threadIdx.x, lc = 4 * (t % 64);
+  float4 v[kReduceRows / 4];
+#pragma unroll
+  for (int i = 0; i < kReduceRows / 4; ++i) {
+    v[i] = sum_slots(r.partial + (lr0 + t / 64 + 4 * i) * kBN + lc, slot0, count);
+  }
+#pragma unroll
+  for (int i = 0; i < kReduceRows / 4; ++i) {
+    const int64_t row = int64_t(tr) * kBM + lr0 + t / 64 + 4 * i, col = int64_t(tc) * kBN + lc;
+    float x[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
     reduce_store4(r, x, row * r.ldd + col, col);
   }
 }
@@ -747,11 +777,7 @@ __global__ void __launch_bounds__(256) parts_reduce_transposed_kernel(PartsReduc
   for (int pass = 0; pass < 4; ++pass) {
     const int lr = 16 * pass + t / 16, lc = 4 * (t % 16);
     const float* p = r.partial + ((r0 + lr) % kBM) * kBN + (c0 + lc) % kBN;
-    float4 v = *reinterpret_cast<const float4*>(p + int64_t(slot0) * kBM * kBN);
-    for (int j = 1; j < count; ++j) {
-      const float4 w = *reinterpret_cast<const float4*>(p + int64_t(slot0 + j) * kBM * kBN);
-      v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
-    }
+    const float4 v = sum_slots(p, slot0, count);
     sum[lr][lc] = v.x;
     sum[lr][lc + 1] = v.y;
     sum[lr][lc + 2] = v.z;
@@ -869,8 +895,6 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
     case FusedKind::kE5M2: launch_kind<FusedKind::kE5M2>(a, am, bm, om, grid, stream); break;
   }
   if (split) {
-    const int64_t n4 = a.R * a.C / 4;
-    const int rgrid = static_cast<int>(std::clamp<int64_t>((n4 + 255) / 256, 1, 4 * 8192));
     const PartsReduce r{a.partial,
                         a.parts,
                         static_cast<int>(a.R / kBM),
@@ -890,7 +914,9 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
       pdl::launch(parts_reduce_transposed_kernel, dim3(unsigned(a.C / 64), unsigned(a.R / 64)), 256,
                   0, stream, r);
     } else {
-      pdl::launch(parts_reduce_kernel, unsigned(rgrid), 256, 0, stream, r);
+      LOWBIT_CHECK(a.R / kReduceRows <= 65535, "fused_gemm: R {} too large for a k-partition", a.R);
+      pdl::launch(parts_reduce_kernel, dim3(unsigned(a.C / kBN), unsigned(a.R / kReduceRows)), 256,
+                  0, stream, r);
     }
     LOWBIT_CUDA_CHECK_LAUNCH();
   }
@@ -917,8 +943,8 @@ void dequant_b_permuted(const DequantJob& b, FusedKind kind, const Nvfp4Alpha* a
   const PermJob j{b.codes, b.scales, b.out, b.rows, b.cols, b.t};
   const Nvfp4Alpha al = alpha != nullptr ? *alpha : Nvfp4Alpha{};
   const int64_t units = b.rows * (b.cols / 64);
-  LOWBIT_CHECK((units + 255) / 256 < (int64_t{1} << 31), "dequant_b_permuted: {} x {} is too large",
-               b.rows, b.cols);
+  LOWBIT_CHECK(units + 255 < (int64_t{1} << 31), "dequant_b_permuted: {} x {} is too large", b.rows,
+               b.cols);
   const unsigned grid = unsigned((units + 255) / 256);
   if (nv) {
     pdl::launch(dequant_perm_kernel<FusedKind::kNvfp4>, grid, 256, 0, stream, j, al);
