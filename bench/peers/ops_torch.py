@@ -14,7 +14,7 @@ and 1b (N = 8 x 2048, D 2048, H 32, Hkv 8, Dh 64, F 8192, V 128256). Rows:
                           "(f32 upcast)" rows take logits.float() first, as train_torch.py does
   adamw_step              torch.optim.AdamW(fused=True).step() over f32 parameters of the
                           preset's tensor shapes (no bf16 copy is written: 28 bytes / param)
-  segment_sumsq + clip    torch._foreach_norm, the global norm and the clip coefficient
+  segment_norms + clip    torch._foreach_norm, the global norm and the clip coefficient
   attention fwd / fwd+bwd F.scaled_dot_product_attention(is_causal=True, enable_gqa where
                           Hkv < H) at T 1024, 2048, 4096: Dh 64 with H = Hkv = 12, B = 16384 / T;
                           Dh 128 with H 16, Hkv 4, B = 16384 / T
@@ -260,7 +260,7 @@ def bench_preset(rec, name, modes):
         return f
 
     rec.row("torch", "adamw_step", name, sh, mk_adamw, 4 * 4.0 * P + 3 * 4.0 * P)
-    rec.row("torch", "segment_sumsq + clip", name, sh, mk_norm, 4.0 * P + 8.0 * S + 12.0)
+    rec.row("torch", "segment_norms + clip", name, sh, mk_norm, 4.0 * P + 8.0 * S + 12.0)
     state.clear()
     torch.cuda.empty_cache()
 

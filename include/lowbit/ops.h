@@ -235,13 +235,15 @@ void adamw_step(Context& ctx, const TensorView& master, const TensorView& grad, 
                 const TensorView& grad_scale, const TensorView& skip);
 
 // ---- gradient norm and clipping ------------------------------------------------------------
-// sumsq [S] f32 = Σ grad² over each segment (deterministic order), from grad [P] f32.
-void segment_sumsq(Context& ctx, const TensorView& sumsq, const TensorView& grad,
+// seg_norms [S] f32 = sqrt(Σ grad²) over each segment (an fp64 sum in a deterministic order,
+// rounded once), from grad [P] f32. Norms, not sums of squares: a segment's sum of squares
+// leaves the fp32 range from a norm of ~1.8e19, its norm only from ~3.4e38.
+void segment_norms(Context& ctx, const TensorView& seg_norms, const TensorView& grad,
                    const std::vector<ParamSegment>& segments);
-// From sumsq [S] f32, on the device: norm [1] f32 = sqrt(Σ sumsq); coef [1] f32 =
-// min(1, max_norm / (norm + 1e-6)) (1 when max_norm ≤ 0); skip [1] i32 = 1 when the norm is not
-// finite, else 0.
+// From seg_norms [S] f32, on the device: norm [1] f32 = sqrt(Σ seg_norms²) (squares and sum in
+// fp64); coef [1] f32 = min(1, max_norm / (norm + 1e-6)) (1 when max_norm ≤ 0); skip [1] i32 = 1
+// when the norm is not finite, else 0.
 void clip_coefficient(Context& ctx, const TensorView& norm, const TensorView& coef,
-                      const TensorView& skip, const TensorView& sumsq, float max_norm);
+                      const TensorView& skip, const TensorView& seg_norms, float max_norm);
 
 }  // namespace lowbit

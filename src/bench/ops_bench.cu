@@ -473,11 +473,11 @@ void bench_preset(Context& ctx, Recorder& rec, const OpsBenchPreset& p) {
     fill_normal(arena.grad_all, 1e-3f, 14, s);
     fill_bytes(arena.m_all, 0);
     fill_bytes(arena.v_all, 0);
-    Tensor sumsq = Tensor::empty({int64_t(seg.size())}, f32, dev);
+    Tensor seg_norms = Tensor::empty({int64_t(seg.size())}, f32, dev);
     Tensor norm = Tensor::empty({1}, f32, dev), coef = Tensor::empty({1}, f32, dev);
     Tensor skip = Tensor::zeros({1}, DType::kI32, dev);
-    segment_sumsq(ctx, sumsq, arena.grad_all, seg);
-    clip_coefficient(ctx, norm, coef, skip, sumsq, 1.0f);
+    segment_norms(ctx, seg_norms, arena.grad_all, seg);
+    clip_coefficient(ctx, norm, coef, skip, seg_norms, 1.0f);
     LOWBIT_CUDA_CHECK(cudaMemsetAsync(skip.data(), 0, 4, s));
     AdamWConfig ac;
     ac.lr = 1e-4f;
@@ -487,9 +487,9 @@ void bench_preset(Context& ctx, Recorder& rec, const OpsBenchPreset& p) {
       adamw_step(ctx, arena.master_all, arena.grad_all, arena.m_all, arena.v_all, &compute, seg, ac,
                  coef, skip);
     });
-    rec.row("segment_sumsq + clip", name, sh, 4.0 * P + 8.0 * S + 12.0, 0, [&] {
-      segment_sumsq(ctx, sumsq, arena.grad_all, seg);
-      clip_coefficient(ctx, norm, coef, skip, sumsq, 1.0f);
+    rec.row("segment_norms + clip", name, sh, 4.0 * P + 8.0 * S + 12.0, 0, [&] {
+      segment_norms(ctx, seg_norms, arena.grad_all, seg);
+      clip_coefficient(ctx, norm, coef, skip, seg_norms, 1.0f);
     });
   } catch (const std::exception& e) {
     rec.failed("adamw_step", name, e.what());

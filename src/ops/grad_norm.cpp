@@ -1,4 +1,4 @@
-// segment_sumsq / clip_coefficient: argument checks and dispatch by device; the segment → block
+// segment_norms / clip_coefficient: argument checks and dispatch by device; the segment → block
 // planner shared by the arena kernels (grad_norm.cu, adamw.cu).
 #include <algorithm>
 #include <cmath>
@@ -94,44 +94,45 @@ void check_scalar(const char* op, const char* name, const TensorView& t, DType d
 
 }  // namespace
 
-void segment_sumsq(Context& ctx, const TensorView& sumsq, const TensorView& grad,
+void segment_norms(Context& ctx, const TensorView& seg_norms, const TensorView& grad,
                    const std::vector<ParamSegment>& segments) {
-  const char* op = "segment_sumsq";
-  check_devices(op, ctx, {{"sumsq", &sumsq}, {"grad", &grad}});
+  const char* op = "segment_norms";
+  check_devices(op, ctx, {{"seg_norms", &seg_norms}, {"grad", &grad}});
   check_rank(op, "grad", "[P]", grad, 1);
   check_dtype(op, "grad", grad, DType::kF32);
   check_contiguous(op, "grad", grad);
-  check_rank(op, "sumsq", "[S]", sumsq, 1);
-  check_dtype(op, "sumsq", sumsq, DType::kF32);
-  check_contiguous(op, "sumsq", sumsq);
-  LOWBIT_USER_CHECK(sumsq.size(0) == static_cast<int64_t>(segments.size()),
-                    "{}: sumsq [S] has {} entries but {} segments were given", op, sumsq.size(0),
-                    segments.size());
+  check_rank(op, "seg_norms", "[S]", seg_norms, 1);
+  check_dtype(op, "seg_norms", seg_norms, DType::kF32);
+  check_contiguous(op, "seg_norms", seg_norms);
+  LOWBIT_USER_CHECK(seg_norms.size(0) == static_cast<int64_t>(segments.size()),
+                    "{}: seg_norms [S] has {} entries but {} segments were given", op,
+                    seg_norms.size(0), segments.size());
   check_segments(op, segments, grad.size(0), "grad");
   if (segments.empty()) return;
   if (ctx.on_gpu()) {
-    segment_sumsq_cuda(ctx, sumsq, grad, segments);
+    segment_norms_cuda(ctx, seg_norms, grad, segments);
   } else {
-    segment_sumsq_cpu(sumsq, grad, segments);
+    segment_norms_cpu(seg_norms, grad, segments);
   }
 }
 
 void clip_coefficient(Context& ctx, const TensorView& norm, const TensorView& coef,
-                      const TensorView& skip, const TensorView& sumsq, float max_norm) {
+                      const TensorView& skip, const TensorView& seg_norms, float max_norm) {
   const char* op = "clip_coefficient";
-  check_devices(op, ctx, {{"norm", &norm}, {"coef", &coef}, {"skip", &skip}, {"sumsq", &sumsq}});
+  check_devices(op, ctx,
+                {{"norm", &norm}, {"coef", &coef}, {"skip", &skip}, {"seg_norms", &seg_norms}});
   check_scalar(op, "norm", norm, DType::kF32);
   check_scalar(op, "coef", coef, DType::kF32);
   check_scalar(op, "skip", skip, DType::kI32);
-  check_rank(op, "sumsq", "[S]", sumsq, 1);
-  check_dtype(op, "sumsq", sumsq, DType::kF32);
-  check_contiguous(op, "sumsq", sumsq);
+  check_rank(op, "seg_norms", "[S]", seg_norms, 1);
+  check_dtype(op, "seg_norms", seg_norms, DType::kF32);
+  check_contiguous(op, "seg_norms", seg_norms);
   LOWBIT_USER_CHECK(!std::isnan(max_norm),
                     "{}: max_norm is NaN; pass a positive norm, or 0 to disable clipping", op);
   if (ctx.on_gpu()) {
-    clip_coefficient_cuda(ctx, norm, coef, skip, sumsq, max_norm);
+    clip_coefficient_cuda(ctx, norm, coef, skip, seg_norms, max_norm);
   } else {
-    clip_coefficient_cpu(norm, coef, skip, sumsq, max_norm);
+    clip_coefficient_cpu(norm, coef, skip, seg_norms, max_norm);
   }
 }
 

@@ -1,12 +1,12 @@
-// CUDA segment_sumsq and clip_coefficient. Memory-bound on the gradient read (4 bytes an
+// CUDA segment_norms and clip_coefficient. Memory-bound on the gradient read (4 bytes an
 // element); squares are accumulated in fp64 (exact products, fp64 additions), which costs
 // nothing next to the memory time and keeps the result within fp64 rounding of the CPU twin.
 //
-// segment_sumsq, pass 1: one block per (segment, chunk) of kChunk elements (float4 loads where
+// segment_norms, pass 1: one block per (segment, chunk) of kChunk elements (float4 loads where
 // the buffer is 16-byte aligned), each thread sums its elements in a fixed order, the block adds
 // the threads' sums in a fixed tree and writes one fp64 partial to the workspace. Pass 2: one
-// block per segment adds its partials in block order. No atomics: the same input gives the same
-// bits on every run and every GPU.
+// block per segment adds its partials in block order and takes the square root. No atomics: the
+// same input gives the same bits on every run and every GPU.
 #include <cstdint>
 #include <vector>
 
@@ -54,7 +54,7 @@ __device__ __forceinline__ double sq(float x) {
 // scalar head/tail; UNIT 1: scalar only.
 template <int UNIT>
 __global__ void __launch_bounds__(kThreads)
-    sumsq_partial_kernel(double* __restrict__ partial, const float* __restrict__ g,
+    norms_partial_kernel(double* __restrict__ partial, const float* __restrict__ g,
                          const SegmentBlocks tab) {
   pdl::grid_sync();
   const int32_t b = blockIdx.x;
@@ -84,9 +84,10 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) partial[b] = s;
 }
 
-// sumsq[index[i]] = RN(Σ partial[first_block[i] .. first_block[i + 1])), one block per segment.
+// seg_norms[index[i]] = RN(sqrt(Σ partial[first_block[i] .. first_block[i + 1]))), one block per
+// segment (fp64 sqrt is correctly rounded, as on the CPU).
 __global__ void __launch_bounds__(kThreads)
-    sumsq_final_kernel(float* __restrict__ sumsq, const double* __restrict__ partial,
+    norms_final_kernel(float* __restrict__ seg_norms, const double* __restrict__ partial,
                        const SegmentBlocks tab) {
   pdl::grid_sync();
   const int i = blockIdx.x;
@@ -95,17 +96,17 @@ __global__ void __launch_bounds__(kThreads)
     acc += partial[p];
   }
   const double s = block_sum_f64(acc);
-  if (threadIdx.x == 0) sumsq[tab.index[i]] = __double2float_rn(s);
+  if (threadIdx.x == 0) seg_norms[tab.index[i]] = __double2float_rn(sqrt(s));
 }
 
-// norm, coef, skip [1] from sumsq [S] f32; one block.
+// norm, coef, skip [1] from seg_norms [S] f32; one block.
 __global__ void __launch_bounds__(kThreads)
     clip_coefficient_kernel(float* __restrict__ norm, float* __restrict__ coef,
-                            int32_t* __restrict__ skip, const float* __restrict__ sumsq, int64_t s,
-                            float max_norm) {
+                            int32_t* __restrict__ skip, const float* __restrict__ seg_norms,
+                            int64_t s, float max_norm) {
   pdl::grid_sync();
   double acc = 0.0;
-  for (int64_t k = threadIdx.x; k < s; k += kThreads) acc += double(sumsq[k]);
+  for (int64_t k = threadIdx.x; k < s; k += kThreads) acc += sq(seg_norms[k]);
   const double total = block_sum_f64(acc);
   if (threadIdx.x == 0) {
     const float n = __double2float_rn(sqrt(total));
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void segment_sumsq_cuda(Context& ctx, const TensorView& sumsq, const TensorView& grad,
+void segment_norms_cuda(Context& ctx, const TensorView& seg_norms, const TensorView& grad,
                         const std::vector<ParamSegment>& segments) {
   const bool vec = ops_cuda::aligned16(grad.data);
   const std::vector<SegmentBlocks> plan =
@@ -134,24 +135,24 @@ void segment_sumsq_cuda(Context& ctx, const TensorView& sumsq, const TensorView&
   for (const SegmentBlocks& t : plan) {
     if (t.blocks() > 0) {
       if (vec) {
-        pdl::launch(sumsq_partial_kernel<4>, t.blocks(), kThreads, 0, st, partial + base, g, t);
+        pdl::launch(norms_partial_kernel<4>, t.blocks(), kThreads, 0, st, partial + base, g, t);
       } else {
-        pdl::launch(sumsq_partial_kernel<1>, t.blocks(), kThreads, 0, st, partial + base, g, t);
+        pdl::launch(norms_partial_kernel<1>, t.blocks(), kThreads, 0, st, partial + base, g, t);
       }
       LOWBIT_CUDA_CHECK_LAUNCH();
     }
-    pdl::launch(sumsq_final_kernel, t.count, kThreads, 0, st, sumsq.ptr<float>(), partial + base,
-                t);
+    pdl::launch(norms_final_kernel, t.count, kThreads, 0, st, seg_norms.ptr<float>(),
+                partial + base, t);
     LOWBIT_CUDA_CHECK_LAUNCH();
     base += t.blocks();
   }
 }
 
 void clip_coefficient_cuda(Context& ctx, const TensorView& norm, const TensorView& coef,
-                           const TensorView& skip, const TensorView& sumsq, float max_norm) {
+                           const TensorView& skip, const TensorView& seg_norms, float max_norm) {
   pdl::launch(clip_coefficient_kernel, 1, kThreads, 0, ctx.stream(), norm.ptr<float>(),
-              coef.ptr<float>(), skip.ptr<int32_t>(), sumsq.ptr<const float>(), sumsq.numel(),
-              max_norm);
+              coef.ptr<float>(), skip.ptr<int32_t>(), seg_norms.ptr<const float>(),
+              seg_norms.numel(), max_norm);
   LOWBIT_CUDA_CHECK_LAUNCH();
 }
 

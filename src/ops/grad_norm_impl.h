@@ -1,6 +1,6 @@
-// Private to the ops layer: the two implementations behind segment_sumsq / clip_coefficient
+// Private to the ops layer: the two implementations behind segment_norms / clip_coefficient
 // (include/lowbit/ops.h), and the segment → thread-block table that the arena kernels
-// (segment_sumsq, adamw_step) launch with. Arguments have been validated by the dispatchers
+// (segment_norms, adamw_step) launch with. Arguments have been validated by the dispatchers
 // (grad_norm.cpp, adamw.cpp).
 #pragma once
 
@@ -14,15 +14,15 @@
 namespace lowbit::ops_detail {
 
 // ---- CPU twin (grad_norm_ref.cpp) ----------------------------------------------------------
-// sumsq [S] f32: per segment Σ double(g)² in index order, rounded once to fp32.
-void segment_sumsq_cpu(const TensorView& sumsq, const TensorView& grad,
+// seg_norms [S] f32: per segment RN(sqrt(Σ double(g)²)), the sum in index order.
+void segment_norms_cpu(const TensorView& seg_norms, const TensorView& grad,
                        const std::vector<ParamSegment>& segments);
-// norm [1] f32 = RN(sqrt(Σ_s double(sumsq[s]))) (sum in fp64, index order);
+// norm [1] f32 = RN(sqrt(Σ_s double(seg_norms[s])²)) (exact squares, sum in fp64, index order);
 // skip [1] i32 = norm is not finite;
 // coef [1] f32 = 1 when max_norm ≤ 0, else 0 when skip, else min(1, max_norm / (norm + 1e-6))
 // with the addition and the division each one fp32 RN operation.
 void clip_coefficient_cpu(const TensorView& norm, const TensorView& coef, const TensorView& skip,
-                          const TensorView& sumsq, float max_norm);
+                          const TensorView& seg_norms, float max_norm);
 
 // The fp32 tail of clip_coefficient, shared by both twins so they agree bit for bit once the
 // norm is known.
@@ -41,11 +41,11 @@ LOWBIT_HD float clip_coef_of(float norm, float max_norm, bool skip) {
 // Deterministic: pass 1 writes one fp64 partial per (segment, chunk) block into ctx.workspace,
 // pass 2 adds each segment's partials in block order. Sums are fp64 on the device too, so the
 // GPU and the CPU differ only when fp64 rounding in another order flips the fp32 result.
-void segment_sumsq_cuda(Context& ctx, const TensorView& sumsq, const TensorView& grad,
+void segment_norms_cuda(Context& ctx, const TensorView& seg_norms, const TensorView& grad,
                         const std::vector<ParamSegment>& segments);
-// One block: sumsq summed in fp64 (fixed tree order), then the fp32 tail above.
+// One block: the squares of seg_norms summed in fp64 (fixed tree order), then the fp32 tail above.
 void clip_coefficient_cuda(Context& ctx, const TensorView& norm, const TensorView& coef,
-                           const TensorView& skip, const TensorView& sumsq, float max_norm);
+                           const TensorView& skip, const TensorView& seg_norms, float max_norm);
 
 // ---- segment → block table of the arena kernels --------------------------------------------
 // A kernel launch over up to kMax segments, passed by value as a kernel parameter (no device
@@ -90,7 +90,7 @@ void check_segments(const char* op, const std::vector<ParamSegment>& segments, i
 
 // Splits `segments` into launches. `unit` = elements per vector access (1 when the buffers are
 // not aligned for vectors); `chunk` = elements per block (a multiple of unit). Segments of no
-// elements get no block unless `keep_empty` (segment_sumsq writes 0 for them in pass 2).
+// elements get no block unless `keep_empty` (segment_norms writes 0 for them in pass 2).
 std::vector<SegmentBlocks> plan_segment_blocks(const std::vector<ParamSegment>& segments,
                                                int64_t unit, int64_t chunk, bool keep_empty);
 

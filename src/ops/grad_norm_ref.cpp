@@ -1,5 +1,6 @@
-// CPU twin of segment_sumsq and clip_coefficient: the definition of the two ops. Sums are fp64
-// in index order (exact squares of fp32 values, one rounding per addition), rounded once to fp32.
+// CPU twin of segment_norms and clip_coefficient: the definition of the two ops. Sums are fp64
+// in index order (exact squares of fp32 values, one rounding per addition); a square root in fp64
+// (correctly rounded) is rounded once to fp32.
 #include <cmath>
 #include <cstdint>
 
@@ -8,10 +9,10 @@
 
 namespace lowbit::ops_detail {
 
-void segment_sumsq_cpu(const TensorView& sumsq, const TensorView& grad,
+void segment_norms_cpu(const TensorView& seg_norms, const TensorView& grad,
                        const std::vector<ParamSegment>& segments) {
   const float* g = grad.ptr<const float>();  // [P]
-  float* out = sumsq.ptr<float>();           // [S]
+  float* out = seg_norms.ptr<float>();       // [S]
   for (size_t s = 0; s < segments.size(); ++s) {
     double acc = 0.0;
     const int64_t end = segments[s].offset + segments[s].numel;
@@ -19,15 +20,15 @@ void segment_sumsq_cpu(const TensorView& sumsq, const TensorView& grad,
       const double x = g[i];
       acc += x * x;  // exact: the square of an fp32 value fits in fp64
     }
-    out[s] = static_cast<float>(acc);
+    out[s] = static_cast<float>(std::sqrt(acc));
   }
 }
 
 void clip_coefficient_cpu(const TensorView& norm, const TensorView& coef, const TensorView& skip,
-                          const TensorView& sumsq, float max_norm) {
-  const float* ss = sumsq.ptr<const float>();  // [S]
+                          const TensorView& seg_norms, float max_norm) {
+  const float* ss = seg_norms.ptr<const float>();  // [S]
   double total = 0.0;
-  for (int64_t s = 0; s < sumsq.numel(); ++s) total += ss[s];
+  for (int64_t s = 0; s < seg_norms.numel(); ++s) total += double(ss[s]) * ss[s];  // exact squares
   const float n = static_cast<float>(std::sqrt(total));
   const bool bad = !f32_is_finite(n);
   norm.ptr<float>()[0] = n;

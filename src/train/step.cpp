@@ -12,7 +12,7 @@ namespace lowbit {
 StepRunner::StepRunner(LlamaModel& model, Context& ctx) : model_(model), ctx_(ctx) {
   const Device dev = ctx.device();
   const int64_t S = static_cast<int64_t>(model.params().segments().size());
-  sumsq_ = Tensor::zeros({S}, DType::kF32, dev, MemCategory::kWorkspace);
+  seg_norms_ = Tensor::zeros({S}, DType::kF32, dev, MemCategory::kWorkspace);
   norm_ = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
   coef_ = Tensor::zeros({1}, DType::kF32, dev, MemCategory::kWorkspace);
   skip_ = Tensor::zeros({1}, DType::kI32, dev, MemCategory::kWorkspace);
@@ -49,8 +49,8 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   }
   const std::vector<ParamSegment>& segs = arena.segments();
   const NvtxRange opt_range("clip + AdamW + scaling update");
-  segment_sumsq(ctx_, sumsq_, arena.grad_all, segs);
-  clip_coefficient(ctx_, norm_, coef_, skip_, sumsq_, grad_clip);
+  segment_norms(ctx_, seg_norms_, arena.grad_all, segs);
+  clip_coefficient(ctx_, norm_, coef_, skip_, seg_norms_, grad_clip);
   const TensorView compute = arena.compute_all.view();
   adamw_step(ctx_, arena.master_all, arena.grad_all, arena.m_all, arena.v_all, &compute, segs, adam,
              coef_, skip_);
@@ -87,7 +87,7 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
   out.skipped = skip != 0;
   out.loss_non_finite = !std::isfinite(out.loss);
   if (out.skipped) {
-    const Tensor sh = Tensor::copy_of(sumsq_, Device::cpu());
+    const Tensor sh = Tensor::copy_of(seg_norms_, Device::cpu());
     for (size_t i = 0; i < segs.size(); ++i) {
       if (!std::isfinite(sh.ptr<float>()[i])) {
         out.non_finite = arena.params()[i].name;

@@ -1,6 +1,8 @@
-// Gradient norm and clipping, CPU twin: per-segment sums of squares against a long-double sum,
-// the clip coefficient's cases (below / above the threshold, clipping off, inf and NaN giving
-// skip = 1, a total beyond the fp32 range with a finite norm), and the argument checks.
+// Gradient norm and clipping, CPU twin: per-segment norms against a long-double sum, the clip
+// coefficient's cases (below / above the threshold, clipping off, inf and NaN giving skip = 1, a
+// sum of squares beyond the fp32 range with a finite norm), a gradient whose norm is finite
+// although its sum of squares is not representable in fp32 (clipped, not skipped), and the
+// argument checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +17,7 @@
 namespace lowbit {
 namespace {
 
-TEST(GradNorm, SegmentSumsOfSquaresMatchLongDouble) {
+TEST(GradNorm, SegmentNormsMatchLongDouble) {
   // Sizes 0, 1, 7 and 100003, a gap, and values spanning several binades.
   const std::vector<ParamSegment> segs = {
       {0, 7, true}, {7, 1, false}, {8, 0, true}, {20, 100003, true}, {100023, 5, false}};
@@ -28,15 +30,15 @@ TEST(GradNorm, SegmentSumsOfSquaresMatchLongDouble) {
   }
   Tensor ss = Tensor::empty({5}, DType::kF32, Device::cpu());
   Context ctx(Device::cpu());
-  segment_sumsq(ctx, ss, g, segs);
+  segment_norms(ctx, ss, g, segs);
   for (size_t s = 0; s < segs.size(); ++s) {
     long double want = 0;
     for (int64_t i = segs[s].offset; i < segs[s].offset + segs[s].numel; ++i) {
       want += static_cast<long double>(g.ptr<float>()[i]) * g.ptr<float>()[i];
     }
-    // fp64 sums rounded once to fp32: within an fp32 ulp.
-    EXPECT_LE(std::fabs(ss.ptr<float>()[s] - double(want)), 0x1p-23 * double(want))
-        << "segment " << s;
+    // fp64 sums, an fp64 square root rounded once to fp32: within an fp32 ulp.
+    const double norm = double(std::sqrt(want));
+    EXPECT_LE(std::fabs(ss.ptr<float>()[s] - norm), 0x1p-23 * norm) << "segment " << s;
   }
   EXPECT_EQ(ss.ptr<float>()[2], 0.0f);
 }
@@ -46,10 +48,10 @@ struct Clip {
   int32_t skip;
 };
 
-Clip clip_of(const std::vector<float>& sumsq, float max_norm) {
+Clip clip_of(const std::vector<float>& seg_norms, float max_norm) {  // seg_norms [S]
   Context ctx(Device::cpu());
-  Tensor ss = Tensor::empty({int64_t(sumsq.size())}, DType::kF32, Device::cpu());
-  for (size_t i = 0; i < sumsq.size(); ++i) ss.ptr<float>()[i] = sumsq[i];
+  Tensor ss = Tensor::empty({int64_t(seg_norms.size())}, DType::kF32, Device::cpu());
+  for (size_t i = 0; i < seg_norms.size(); ++i) ss.ptr<float>()[i] = seg_norms[i];
   Tensor norm = Tensor::empty({1}, DType::kF32, Device::cpu());
   Tensor coef = Tensor::empty({1}, DType::kF32, Device::cpu());
   Tensor skip = Tensor::empty({1}, DType::kI32, Device::cpu());
@@ -58,20 +60,20 @@ Clip clip_of(const std::vector<float>& sumsq, float max_norm) {
 }
 
 TEST(GradNorm, ClipCoefficientCases) {
-  // Norm 5 (9 + 16), below max_norm 10: no clipping.
-  Clip c = clip_of({9.0f, 16.0f}, 10.0f);
+  // Norm 5 (segment norms 3 and 4), below max_norm 10: no clipping.
+  Clip c = clip_of({3.0f, 4.0f}, 10.0f);
   EXPECT_EQ(c.norm, 5.0f);
   EXPECT_EQ(c.coef, 1.0f);
   EXPECT_EQ(c.skip, 0);
   // Above: coef = max_norm / (norm + 1e-6), two fp32 roundings.
-  c = clip_of({9.0f, 16.0f, 0.0f}, 1.0f);
+  c = clip_of({3.0f, 4.0f, 0.0f}, 1.0f);
   EXPECT_EQ(c.coef, 1.0f / (5.0f + 1e-6f));
   EXPECT_EQ(c.skip, 0);
   // Clipping off (max_norm ≤ 0): coef 1, the norm still reported.
-  c = clip_of({100.0f}, 0.0f);
+  c = clip_of({10.0f}, 0.0f);
   EXPECT_EQ(c.norm, 10.0f);
   EXPECT_EQ(c.coef, 1.0f);
-  c = clip_of({100.0f}, -1.0f);
+  c = clip_of({10.0f}, -1.0f);
   EXPECT_EQ(c.coef, 1.0f);
   // No segments: norm 0, coef 1.
   c = clip_of({}, 1.0f);
@@ -90,10 +92,17 @@ TEST(GradNorm, ClipCoefficientCases) {
   c = clip_of({NAN}, 0.0f);  // clipping off: coef 1, but the guard still fires
   EXPECT_EQ(c.skip, 1);
   EXPECT_EQ(c.coef, 1.0f);
-  // A total beyond the fp32 range (2 · 3e38) whose square root is finite: no skip.
-  c = clip_of({3e38f, 3e38f}, 1.0f);
+  // Segment norms whose squares leave the fp32 range (2 · 1e40) but whose total norm does not:
+  // clipped, not skipped.
+  c = clip_of({1e20f, 1e20f}, 1.0f);
   EXPECT_EQ(c.skip, 0);
-  EXPECT_EQ(c.norm, static_cast<float>(std::sqrt(2.0 * double(3e38f))));
+  EXPECT_EQ(c.norm, static_cast<float>(std::sqrt(2.0 * double(1e20f) * double(1e20f))));
+  EXPECT_EQ(c.coef, 1.0f / (c.norm + 1e-6f));
+  EXPECT_GT(c.coef, 0.0f);
+  // A total norm beyond the fp32 range (segment norms 3e38): inf, skip.
+  c = clip_of({3e38f, 3e38f}, 1.0f);
+  EXPECT_EQ(c.norm, INFINITY);
+  EXPECT_EQ(c.skip, 1);
 }
 
 TEST(GradNorm, NormOfSegmentsEndToEnd) {
@@ -104,11 +113,30 @@ TEST(GradNorm, NormOfSegmentsEndToEnd) {
   g.ptr<float>()[40] = INFINITY;
   const std::vector<ParamSegment> segs = {{0, 32, true}, {32, 32, false}};
   Tensor ss = Tensor::empty({2}, DType::kF32, Device::cpu());
-  segment_sumsq(ctx, ss, g, segs);
-  EXPECT_EQ(ss.ptr<float>()[0], 8.0f);
+  segment_norms(ctx, ss, g, segs);
+  EXPECT_EQ(ss.ptr<float>()[0], static_cast<float>(std::sqrt(8.0)));
   EXPECT_EQ(ss.ptr<float>()[1], INFINITY);
   const Clip c = clip_of({ss.ptr<float>()[0], ss.ptr<float>()[1]}, 1.0f);
   EXPECT_EQ(c.skip, 1);
+}
+
+TEST(GradNorm, ExplodingGradientIsClippedNotSkipped) {
+  // 64 gradients of 1e20: each segment's sum of squares (3.2e41) is beyond fp32, its norm
+  // (~5.7e20) and the total (8e20) are not. The step is clipped (coef = 1 / 8e20), not skipped.
+  Context ctx(Device::cpu());
+  Tensor g = Tensor::zeros({64}, DType::kF32, Device::cpu());
+  for (int i = 0; i < 64; ++i) g.ptr<float>()[i] = 1e20f;
+  const std::vector<ParamSegment> segs = {{0, 32, true}, {32, 32, false}};
+  Tensor ss = Tensor::empty({2}, DType::kF32, Device::cpu());
+  segment_norms(ctx, ss, g, segs);
+  const double seg = std::sqrt(32.0) * double(1e20f);
+  EXPECT_EQ(ss.ptr<float>()[0],
+            static_cast<float>(std::sqrt(32.0 * double(1e20f) * double(1e20f))));
+  EXPECT_NEAR(ss.ptr<float>()[1], seg, 1e-6 * seg);
+  const Clip c = clip_of({ss.ptr<float>()[0], ss.ptr<float>()[1]}, 1.0f);
+  EXPECT_EQ(c.skip, 0);
+  EXPECT_NEAR(c.norm, 8.0 * double(1e20f), 1e-6 * 8e20);
+  EXPECT_NEAR(c.coef, 1.0 / (8.0 * double(1e20f)), 1e-6 / 8e20);
 }
 
 using test_util::user_error;
@@ -117,16 +145,16 @@ TEST(GradNorm, BadInputsAreUserErrors) {
   Context ctx(Device::cpu());
   Tensor g = Tensor::zeros({50}, DType::kF32, Device::cpu());
   Tensor ss = Tensor::zeros({2}, DType::kF32, Device::cpu());
-  std::string msg = user_error([&] { segment_sumsq(ctx, ss, g, {{0, 10, true}}); });
-  EXPECT_NE(msg.find("sumsq [S] has 2 entries but 1 segments"), std::string::npos) << msg;
-  msg = user_error([&] { segment_sumsq(ctx, ss, g, {{0, 10, true}, {45, 6, true}}); });
+  std::string msg = user_error([&] { segment_norms(ctx, ss, g, {{0, 10, true}}); });
+  EXPECT_NE(msg.find("seg_norms [S] has 2 entries but 1 segments"), std::string::npos) << msg;
+  msg = user_error([&] { segment_norms(ctx, ss, g, {{0, 10, true}, {45, 6, true}}); });
   EXPECT_NE(msg.find("segment 1 (offset 45, numel 6) does not lie inside grad of 50"),
             std::string::npos)
       << msg;
-  msg = user_error([&] { segment_sumsq(ctx, ss, g, {{0, 10, true}, {5, 6, true}}); });
+  msg = user_error([&] { segment_norms(ctx, ss, g, {{0, 10, true}, {5, 6, true}}); });
   EXPECT_NE(msg.find("overlap"), std::string::npos) << msg;
   Tensor g16 = Tensor::zeros({50}, DType::kBF16, Device::cpu());
-  msg = user_error([&] { segment_sumsq(ctx, ss, g16, {{0, 10, true}, {10, 6, true}}); });
+  msg = user_error([&] { segment_norms(ctx, ss, g16, {{0, 10, true}, {10, 6, true}}); });
   EXPECT_NE(msg.find("grad must be f32"), std::string::npos) << msg;
 
   Tensor norm = Tensor::zeros({1}, DType::kF32, Device::cpu());

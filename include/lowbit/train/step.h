@@ -43,10 +43,10 @@ class StepRunner {
  private:
   LlamaModel& model_;
   Context& ctx_;
-  Tensor sumsq_;  // [segments] f32
-  Tensor norm_;   // [1] f32
-  Tensor coef_;   // [1] f32
-  Tensor skip_;   // [1] i32
+  Tensor seg_norms_;  // [segments] f32
+  Tensor norm_;       // [1] f32
+  Tensor coef_;       // [1] f32
+  Tensor skip_;       // [1] i32
 };
 
 }  // namespace lowbit
