@@ -14,14 +14,15 @@
 // parts side by side over the same A' rows; f32 partial tiles, then an ordered reduction).
 // Warpgroup 0 is the producer: one warp fills a 5-stage ring — A''s codes (TMA, 128 rows × 32 / 64
 // bytes), B''s 16-bit panel (TMA, 256 rows × 64, 128-byte swizzle) and A''s scales (cp.async, 4
-// bytes per row) — completing a `full` mbarrier per stage. Warpgroups 1 and 2 each own 64 rows ×
-// 256 columns (128 fp32 accumulators per thread): per stage they load their codes and scales from
-// shared memory, convert them (16 codes of one row per thread and row, one scale), issue four wgmma
-// m64n256k16 with A from registers, and release the stage on the `empty` mbarrier once the wgmma
-// group reading it has completed (one group in flight, A fragments double-buffered). The producer
-// runs ahead into the next tile while the consumers store the current one (through swizzled shared
-// memory and TMA stores: direct 4-byte stores from the accumulator layout cost ~40 % of the 124m
-// GEMMs' time).
+// bytes per row) — completing a `full` mbarrier per stage (in short kernels with a small B', A' of
+// the first five stages goes out before the wait for B''s copy: kAFirst). Warpgroups 1 and 2 each
+// own 64 rows × 256 columns (128 fp32 accumulators per thread): per stage they load their codes and
+// scales from shared memory, convert them (16 codes of one row per thread and row, one scale),
+// issue four wgmma m64n256k16 with A from registers, and release the stage on the `empty` mbarrier
+// once the wgmma group reading it has completed (one group in flight, A fragments double-buffered).
+// The producer runs ahead into the next tile while the consumers store the current one (through
+// swizzled shared memory and TMA stores: direct 4-byte stores from the accumulator layout cost
+// ~40 % of the 124m GEMMs' time).
 //
 // The k order. wgmma's A fragment gives thread (g = lane/4, c = lane%4) of a warp columns
 // 2c, 2c+1, 2c+8, 2c+9 of every 16; the GEMM sums over k, so any permutation applied to both
@@ -335,8 +336,86 @@ __device__ __forceinline__ void for_each_work(int parts, int tiles_r, int tiles_
   }
 }
 
+// A''s scales of step kb for rows m0 … m0 + 127 into the stage at st, after its B' panel and codes:
+// 4 bytes per row (NVFP4: the step's 4 scales; MX: those of steps kb & ~1 and kb | 1, so that
+// the copy is 4-byte aligned), one cp.async per lane and row group, then one arrival per lane on
+// the stage's `full` barrier.
+template <int kRowBytes>
+__device__ __forceinline__ void load_a_scales(const uint8_t* a_scales, int64_t scale_row,
+                                              uint32_t st, int m0, int kb, int lane,
+                                              uint32_t full) {
+  constexpr bool kF16 = kRowBytes == kBK / 2;
+  const int64_t soff = kF16 ? int64_t(kb) * 4 : int64_t(kb & ~1) * 2;
+  const uint32_t sdst = st + kBBytes + kBM * kRowBytes;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = lane + 32 * i;
+    cp_async_4(sdst + 4 * row, a_scales + (m0 + row) * scale_row + soff);
+  }
+  cp_async_arrive_noinc(full);
+}
+
+// The producer loop of kAFirst kernels (whole tiles): stage q < kStages gets A''s codes and scales
+// at once and its B' panel after griddepcontrol.wait, so that A''s first loads overlap B''s copy.
+// A' and its scales were written by kernels that completed before that copy started: the copy's
+// blocks wait for everything before them before they let this grid start (pdl.cuh). Stages and
+// barriers as in the kernel: full[s] at bar0 + 8s, empty[s] at bar0 + 8 (kStages + s).
+template <int kRowBytes>
+__device__ __forceinline__ void produce_a_first(const KernelArgs& p, uint32_t smem0, uint32_t bar0,
+                                                const CUtensorMap* a_map, const CUtensorMap* b_map,
+                                                int tiles_r, int tiles_c, int nk, int lane,
+                                                int64_t scale_row) {
+  constexpr int kStage = (kBBytes + kBM * kRowBytes + kScaleBytes + 1023) / 1024 * 1024;
+  auto full = [&](int s) { return bar0 + 8u * s; };
+  auto empty = [&](int s) { return bar0 + 8u * (kStages + s); };
+  int2 deferred[kStages];  // (kb, n0) of step q < kStages (lane 0's copy is the one used)
+  int s = 0, q = 0;
+  uint32_t ph = 0;
+  auto release_b = [&](int n) {  // the wait, then the deferred B' panels of stages 0 .. n - 1
+    pdl::grid_sync();
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < kStages; ++i) {
+        if (i < n) {
+          tma::load_2d(smem0 + i * kStage, b_map, full(i), deferred[i].x * kBK, deferred[i].y);
+        }
+      }
+    }
+  };
+  for_each_work(p.parts, tiles_r, tiles_c, nk, [&](int m0, int n0, int kb_begin, int kb_end, int) {
+    for (int kb = kb_begin; kb < kb_end; ++kb, ++q) {
+      tma::mbar_wait(empty(s), ph ^ 1u);
+      const uint32_t st = smem0 + s * kStage;
+      const bool defer = q < kStages;
+      if (lane == 0) {
+        tma::mbar_arrive_expect_tx(full(s), kBBytes + kBM * kRowBytes);
+        if (!defer) tma::load_2d(st, b_map, full(s), kb * kBK, n0);
+        tma::load_2d(st + kBBytes, a_map, full(s), kb * kRowBytes, m0);
+      }
+      load_a_scales<kRowBytes>(p.a_scales, scale_row, st, m0, kb, lane, full(s));
+      if (defer) {
+#pragma unroll
+        for (int i = 0; i < kStages; ++i) {
+          if (i == q) deferred[i] = make_int2(kb, n0);
+        }
+        if (q == kStages - 1) release_b(kStages);
+      }
+      if (++s == kStages) {
+        s = 0;
+        ph ^= 1u;
+      }
+    }
+  });
+  if (q < kStages) release_b(q);  // fewer steps than stages
+}
+
 // kPlain: beta = 0 and no bias (the training GEMMs); otherwise the general epilogue.
-template <FusedKind kKind, bool kOutF32, bool kPlain>
+// kAFirst: the producer sends A' of the first kStages steps before it waits for the launch before
+// this one (B''s copy), and B''s panels of those steps after the wait. Only for whole tiles with
+// a small B' (launch_fused), as an instantiation of its own: the same logic as a runtime switch
+// slowed the other GEMMs' kernels by 2–4 % (bench/results/h100-2026-11-27/a-first-1353,
+// a-first-b-first-order-1603).
+template <FusedKind kKind, bool kOutF32, bool kPlain, bool kAFirst = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fused_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                       const __grid_constant__ CUtensorMap b_map,
@@ -363,7 +442,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma::fence_mbar_init();
   }
   __syncthreads();
-  pdl::grid_sync();  // B' and alpha' come from the launch before this one
+  // B' and alpha' come from the launch before this one (B''s copy); with kAFirst the producer warp
+  // waits for it below, after sending out A''s first loads.
+  if (!kAFirst || warp != 0) pdl::grid_sync();
 
   const int tiles_c = static_cast<int>(p.C / kBN), tiles_r = static_cast<int>(p.R / kBM);
   const int nk = static_cast<int>(p.K / kBK);
@@ -375,6 +456,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
     if (warp != 0) return;
     const int64_t scale_row = kF16 ? p.K / 16 : p.K / 32;  // bytes per row of A''s scales
+    if constexpr (kAFirst) {
+      produce_a_first<kRowBytes>(p, smem0, bar0, &a_map, &b_map, tiles_r, tiles_c, nk, lane,
+                                 scale_row);
+      return;
+    }
     int s = 0;
     uint32_t ph = 0;
     for_each_work(p.parts, tiles_r, tiles_c, nk,
@@ -387,16 +473,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         tma::load_2d(st, &b_map, full(s), kb * kBK, n0);
                         tma::load_2d(st + kBBytes, &a_map, full(s), kb * kRowBytes, m0);
                       }
-                      // Scales: 4 bytes per row (NVFP4: the step's 4 scales; MX: those of steps kb
-                      // & ~1 and kb | 1, so that the copy is 4-byte aligned).
-                      const int64_t soff = kF16 ? int64_t(kb) * 4 : int64_t(kb & ~1) * 2;
-                      const uint32_t sdst = st + kBBytes + kBM * kRowBytes;
-#pragma unroll
-                      for (int i = 0; i < 4; ++i) {
-                        const int row = lane + 32 * i;
-                        cp_async_4(sdst + 4 * row, p.a_scales + (m0 + row) * scale_row + soff);
-                      }
-                      cp_async_arrive_noinc(full(s));
+                      load_a_scales<kRowBytes>(p.a_scales, scale_row, st, m0, kb, lane, full(s));
                       if (++s == kStages) {
                         s = 0;
                         ph ^= 1u;
@@ -800,10 +877,10 @@ int sm_count() {  // of the current device
   return lowbit::sm_count(dev);
 }
 
-template <FusedKind kKind, bool kOutF32, bool kPlain>
+template <FusedKind kKind, bool kOutF32, bool kPlain, bool kAFirst = false>
 void launch_fused(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorMap& bm,
                   const CUtensorMap& om, int grid, cudaStream_t stream) {
-  auto* kernel = fused_gemm_kernel<kKind, kOutF32, kPlain>;
+  auto* kernel = fused_gemm_kernel<kKind, kOutF32, kPlain, kAFirst>;
   constexpr int smem = smem_bytes<kKind>();
   allow_dynamic_smem(kernel, smem);  // per device
   const bool split = a.parts > 0;    // the kernel writes partial tiles, the reduction the rest
@@ -833,8 +910,19 @@ void launch_kind(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorMa
     plain ? launch_fused<kKind, true, true>(a, am, bm, om, grid, stream)
           : launch_fused<kKind, true, false>(a, am, bm, om, grid, stream);
   } else {
-    plain ? launch_fused<kKind, false, true>(a, am, bm, om, grid, stream)
-          : launch_fused<kKind, false, false>(a, am, bm, om, grid, stream);
+    // A' first where B''s copy is small (at most two 64-element units per thread of the grid: a
+    // weight in fprop / dgrad, whose copy is a short latency chain that A''s first loads hide) and
+    // the kernel short (at most three tiles per CTA, where that chain is ≥ 10 % of the time: the
+    // 124m proj fprop / dgrad, NVFP4 −4 / −7 %, MX −2.6 / −1.5 %); longer kernels ran 1–3.5 %
+    // slower with it (124m qkv / fc1, bench/results/h100-2026-11-27/a-first-kernel-1628).
+    const int64_t tiles = (a.R / kBM) * (a.C / kBN);
+    const bool a_first = a.C * (a.K / 64) <= int64_t{2} * grid * kThreads && tiles <= 3 * grid;
+    if (plain && a_first) {
+      launch_fused<kKind, false, true, true>(a, am, bm, om, grid, stream);
+    } else {
+      plain ? launch_fused<kKind, false, true>(a, am, bm, om, grid, stream)
+            : launch_fused<kKind, false, false>(a, am, bm, om, grid, stream);
+    }
   }
 }
 

@@ -35,7 +35,9 @@ bool fused_gemm_shape_ok(FusedKind kind, int64_t R, int64_t C, int64_t K);
 //     undoes the 2^-14 that each f16 operand carries); MX: alpha.
 //   beta: 0, or the term beta · c read from `c` (out's dtype and layout; null = out itself).
 //   bias: [C] bf16 or f32, or null.
-// Preconditions: fused_gemm_shape_ok; pointers 16-byte aligned; ldd % 8 == 0.
+// Preconditions: fused_gemm_shape_ok; pointers 16-byte aligned; ldd % 8 == 0; launched right
+// after the dequant_b_permuted that writes its B' (same stream, nothing between): a short kernel
+// with a small B' starts reading A' before it waits for that launch (A' is older than it).
 struct FusedGemmArgs {
   FusedKind kind = FusedKind::kNvfp4;
   const uint8_t* a_codes = nullptr;

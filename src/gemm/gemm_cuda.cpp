@@ -785,6 +785,7 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
     alpha = gemm_kernels::Nvfp4Alpha{opt.alpha, opt.beta, amax_a.ptr<const float>(),
                                      amax_b.ptr<const float>(), scalars};
   }
+  // fused_gemm must follow this launch directly (it may read A' before it waits for it).
   gemm_kernels::dequant_b_permuted(job, *kind, nv ? &alpha : nullptr, stream);
 
   gemm_kernels::FusedGemmArgs fa;
