@@ -73,6 +73,10 @@ constexpr int kThreads = 384;           // producer warpgroup + two consumer war
 constexpr int kBBytes = kBN * kBK * 2;  // B' panel per stage: 256 rows × 128 bytes
 constexpr int kScaleBytes = kBM * 4;    // A' scales per stage: 4 bytes per row
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// setmaxnreg.inc draws only on what the CTA's own setmaxnreg.dec released (an increase beyond it
+// waits forever): 128 producer threads give up 168 − 40, 256 consumer threads take 232 − 168.
+static_assert(128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168),
+              "setmaxnreg: the consumers' increase must fit what the producers release");
 
 template <FusedKind K>
 constexpr int code_row_bytes() {
@@ -903,21 +907,14 @@ void launch_fused(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorM
 
 template <FusedKind kKind>
 void launch_kind(const FusedGemmArgs& a, const CUtensorMap& am, const CUtensorMap& bm,
-                 const CUtensorMap& om, int grid, cudaStream_t stream) {
+                 const CUtensorMap& om, int grid, bool a_first, cudaStream_t stream) {
   const bool split = a.parts > 0;
   const bool plain = split || (a.beta == 0.0f && a.bias == nullptr);
   if (split || a.out_f32) {
     plain ? launch_fused<kKind, true, true>(a, am, bm, om, grid, stream)
           : launch_fused<kKind, true, false>(a, am, bm, om, grid, stream);
   } else {
-    // A' first where B''s copy is small (at most two 64-element units per thread of the grid: a
-    // weight in fprop / dgrad, whose copy is a short latency chain that A''s first loads hide) and
-    // the kernel short (at most three tiles per CTA, where that chain is ≥ 10 % of the time: the
-    // 124m proj fprop / dgrad, NVFP4 −4 / −7 %, MX −2.6 / −1.5 %); longer kernels ran 1–3.5 %
-    // slower with it (124m qkv / fc1, bench/results/h100-2026-11-27/a-first-kernel-1628).
-    const int64_t tiles = (a.R / kBM) * (a.C / kBN);
-    const bool a_first = a.C * (a.K / 64) <= int64_t{2} * grid * kThreads && tiles <= 3 * grid;
-    if (plain && a_first) {
+    if (a_first) {
       launch_fused<kKind, false, true, true>(a, am, bm, om, grid, stream);
     } else {
       plain ? launch_fused<kKind, false, true>(a, am, bm, om, grid, stream)
@@ -935,7 +932,7 @@ bool fused_gemm_shape_ok(FusedKind kind, int64_t R, int64_t C, int64_t K) {
          (R / kFusedTileR) * (C / kFusedTileC) < (int64_t{1} << 31);
 }
 
-void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
+FusedGemmRun fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
   LOWBIT_CHECK(fused_gemm_shape_ok(a.kind, a.R, a.C, a.K),
                "fused_gemm: R {} C {} K {} outside the kernel's tiles", a.R, a.C, a.K);
   LOWBIT_CHECK(a.ldd % 8 == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0,
@@ -964,6 +961,9 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
                "tiles, at most one part per k-step of a column)",
                a.parts, tiles_c, line);
   LOWBIT_CHECK(!a.out_transposed || split, "fused_gemm: a transposed out needs a k-partition");
+  LOWBIT_CHECK(!split || a.R / kReduceRows <= 65535,
+               "fused_gemm: R {} too large for a k-partition (at most {} rows)", a.R,
+               65535 * kReduceRows);
   CUtensorMap om;
   const bool f32 = split || a.out_f32;
   const int64_t slots = split ? fused_gemm_partial_tiles(a.R, a.C, a.parts) : 0;
@@ -977,10 +977,24 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
   const int64_t units = split ? a.parts : tiles;
   const int cap = a.max_ctas > 0 ? std::min(a.max_ctas, sm_count()) : sm_count();
   const int grid = static_cast<int>(std::min<int64_t>(units, cap));
+  // A' first (kAFirst) for whole tiles into a plain bf16 out where B''s copy is small (at most two
+  // 64-element units per thread of the grid: a weight in fprop / dgrad, whose copy is a short
+  // latency chain that A''s first loads hide) and the kernel short (at most three tiles per CTA,
+  // where that chain is ≥ 10 % of the time: the 124m proj fprop / dgrad, NVFP4 −4 / −7 %, MX
+  // −2.6 / −1.5 %); longer kernels ran 1–3.5 % slower with it (124m qkv / fc1,
+  // bench/results/h100-2026-11-27/a-first-kernel-1628).
+  const bool a_first = !split && !a.out_f32 && a.beta == 0.0f && a.bias == nullptr &&
+                       a.C * (a.K / 64) <= int64_t{2} * grid * kThreads && tiles <= 3 * grid;
   switch (a.kind) {
-    case FusedKind::kNvfp4: launch_kind<FusedKind::kNvfp4>(a, am, bm, om, grid, stream); break;
-    case FusedKind::kE4M3: launch_kind<FusedKind::kE4M3>(a, am, bm, om, grid, stream); break;
-    case FusedKind::kE5M2: launch_kind<FusedKind::kE5M2>(a, am, bm, om, grid, stream); break;
+    case FusedKind::kNvfp4:
+      launch_kind<FusedKind::kNvfp4>(a, am, bm, om, grid, a_first, stream);
+      break;
+    case FusedKind::kE4M3:
+      launch_kind<FusedKind::kE4M3>(a, am, bm, om, grid, a_first, stream);
+      break;
+    case FusedKind::kE5M2:
+      launch_kind<FusedKind::kE5M2>(a, am, bm, om, grid, a_first, stream);
+      break;
   }
   if (split) {
     const PartsReduce r{a.partial,
@@ -1002,12 +1016,12 @@ void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream) {
       pdl::launch(parts_reduce_transposed_kernel, dim3(unsigned(a.C / 64), unsigned(a.R / 64)), 256,
                   0, stream, r);
     } else {
-      LOWBIT_CHECK(a.R / kReduceRows <= 65535, "fused_gemm: R {} too large for a k-partition", a.R);
       pdl::launch(parts_reduce_kernel, dim3(unsigned(a.C / kBN), unsigned(a.R / kReduceRows)), 256,
                   0, stream, r);
     }
     LOWBIT_CUDA_CHECK_LAUNCH();
   }
+  return FusedGemmRun{a_first};
 }
 
 int fused_gemm_sm_count() { return sm_count(); }

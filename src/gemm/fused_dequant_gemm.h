@@ -67,7 +67,11 @@ struct FusedGemmArgs {
   // (c alike; the bias is indexed by r). The reduction writes it; the kernel is unchanged.
   bool out_transposed = false;
 };
-void fused_gemm(const FusedGemmArgs& a, cudaStream_t stream);
+// How fused_gemm ran (tests): A''s first stages loaded before the wait for B''s copy (kAFirst).
+struct FusedGemmRun {
+  bool a_first = false;
+};
+FusedGemmRun fused_gemm(const FusedGemmArgs& a, cudaStream_t stream);
 
 // SMs of the current device (the persistent grid's size).
 int fused_gemm_sm_count();

@@ -811,7 +811,7 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
   fa.parts = parts;
   fa.partial = parts > 0 ? partial : nullptr;
   fa.out_transposed = transposed;
-  gemm_kernels::fused_gemm(fa, stream);
+  const gemm_kernels::FusedGemmRun run = gemm_kernels::fused_gemm(fa, stream);
 
   GemmCudaLastCall& last = g_last_call;
   last = GemmCudaLastCall{};
@@ -820,6 +820,7 @@ bool try_fused_emulated(Context& ctx, const CanonGemm& g_in, const TensorView& o
   last.bias_epilogue = opt.bias != nullptr;
   last.fused_dequant = true;
   last.fused_transposed = transposed;
+  last.fused_a_first = run.a_first;
   return true;
 }
 

@@ -59,6 +59,8 @@ struct GemmCudaLastCall {
   // The fused kernel ran the transposed problem (A' and B' swapped, the reduction writing out
   // transposed): see try_fused_emulated.
   bool fused_transposed = false;
+  // The fused kernel loaded A''s first stages before it waited for B''s copy (kAFirst).
+  bool fused_a_first = false;
 };
 GemmCudaLastCall gemm_cuda_last_call();
 

@@ -1288,6 +1288,35 @@ TEST_F(GpuGemm, FusedDequantGemmMatchesFloat64Reference) {
 // The default rule's second branch (try_fused_emulated): NVFP4 outputs 2049–4096 wide take the
 // fused kernel only with K >= 4096 and at least one tile per SM (no split-K); the values do not
 // matter here (the tests above check the numbers), only which path ran.
+// kAFirst (the fused kernel sends A''s first five stages before it waits for B''s copy, their B'
+// panels after it) at whole tiles into bf16 with a small B' on a grid of two CTAs: fewer k-steps
+// than stages (K 128: 2 steps, 2 tiles per CTA), deferred steps that span three tiles (K 256),
+// more steps than stages (K 384); fprop and dgrad against the float64 reference.
+TEST_F(GpuGemm, FusedAFirstMatchesFloat64Reference) {
+  if (!emulated_on_this_gpu()) GTEST_SKIP() << "sm_100+: MX / NVFP4 are not emulated";
+  Context ctx(Device::cuda(0));
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const char* name : {"nvfp4", "mxfp8_hybrid"}) {
+    const Recipe rc = recipe_named(name);
+    for (const Shape& sh : {Shape{512, 256, 128}, Shape{768, 256, 256}, Shape{512, 256, 384}}) {
+      FusedScope fused(FusedDequant::kOn, 2, 1);
+      for (Fill f : {Fill::kNormal, Fill::kHeavyTail, Fill::kZeros}) {
+        const Problem p = make_problem(ctx, rc, sh.m, sh.n, sh.k, f, 900 + sh.m + sh.k);
+        for (GemmRole role : {GemmRole::kFprop, GemmRole::kDgrad}) {
+          check_role(ctx, rc, p.x, p.w, p.dy, sh.m, sh.n, sh.k, role, RunSpec{}, fill_name(f));
+          const bool whole = role == GemmRole::kFprop || sh.k % 256 == 0;  // dgrad: C = K
+          if (whole) {
+            EXPECT_TRUE(g_checked_call.fused_dequant && g_checked_call.fused_a_first)
+                << name << " " << gemm_role_name(role) << " " << sh.m << "x" << sh.n << "x" << sh.k;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(GpuGemm, FusedDequantAutoRuleForWideOutputs) {
   if (!emulated_on_this_gpu()) GTEST_SKIP() << "sm_100+: MX / NVFP4 are not emulated";
   Context ctx(Device::cuda(0));
