@@ -139,6 +139,43 @@ TEST(GradNorm, ExplodingGradientIsClippedNotSkipped) {
   EXPECT_NEAR(c.coef, 1.0 / (8.0 * double(1e20f)), 1e-6 / 8e20);
 }
 
+TEST(GradNorm, ExplodingGradientStepIsAppliedClipped) {
+  // The trainer's sequence (segment_norms, clip_coefficient, adamw_step with the coefficient as
+  // grad_scale and the skip flag as guard) on gradients of 1e20: the step is applied, clipped to
+  // norm 1, so that AdamW's first step moves every weight by lr (Adam normalises |g|) and decays
+  // it.
+  Context ctx(Device::cpu());
+  const int64_t p = 64;
+  Tensor g = Tensor::zeros({p}, DType::kF32, Device::cpu());
+  Tensor master = Tensor::zeros({p}, DType::kF32, Device::cpu());
+  Tensor m = Tensor::zeros({p}, DType::kF32, Device::cpu());
+  Tensor v = Tensor::zeros({p}, DType::kF32, Device::cpu());
+  for (int64_t i = 0; i < p; ++i) {
+    g.ptr<float>()[i] = (i % 2 ? -1e20f : 1e20f);
+    master.ptr<float>()[i] = 0.5f;
+  }
+  const std::vector<ParamSegment> segs = {{0, 32, true}, {32, 32, false}};
+  Tensor norms = Tensor::empty({2}, DType::kF32, Device::cpu());
+  Tensor norm = Tensor::empty({1}, DType::kF32, Device::cpu());
+  Tensor coef = Tensor::empty({1}, DType::kF32, Device::cpu());
+  Tensor skip = Tensor::empty({1}, DType::kI32, Device::cpu());
+  segment_norms(ctx, norms, g, segs);
+  clip_coefficient(ctx, norm, coef, skip, norms, 1.0f);
+  ASSERT_EQ(skip.ptr<int32_t>()[0], 0);
+  AdamWConfig cfg;
+  cfg.lr = 1e-3f;
+  cfg.weight_decay = 0.1f;
+  cfg.step = 1;
+  adamw_step(ctx, master, g, m, v, nullptr, segs, cfg, coef, skip);
+  for (int64_t i = 0; i < p; ++i) {
+    const float w = master.ptr<float>()[i];
+    ASSERT_TRUE(std::isfinite(w)) << i;
+    // 0.5 − lr · sign(g) (Adam's first step, |g| ≫ eps) − lr · wd · 0.5 where decay applies.
+    const double want = 0.5 - 1e-3 * (i % 2 ? -1.0 : 1.0) - (i < 32 ? 1e-3 * 0.1 * 0.5 : 0.0);
+    EXPECT_NEAR(w, want, 1e-6) << i;
+  }
+}
+
 using test_util::user_error;
 
 TEST(GradNorm, BadInputsAreUserErrors) {
