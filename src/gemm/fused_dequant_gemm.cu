@@ -344,13 +344,12 @@ __device__ __forceinline__ void for_each_work(int parts, int tiles_r, int tiles_
 // 4 bytes per row (NVFP4: the step's 4 scales; MX: those of steps kb & ~1 and kb | 1, so that
 // the copy is 4-byte aligned), one cp.async per lane and row group, then one arrival per lane on
 // the stage's `full` barrier.
-template <int kRowBytes>
+template <FusedKind kKind>
 __device__ __forceinline__ void load_a_scales(const uint8_t* a_scales, int64_t scale_row,
                                               uint32_t st, int m0, int kb, int lane,
                                               uint32_t full) {
-  constexpr bool kF16 = kRowBytes == kBK / 2;
-  const int64_t soff = kF16 ? int64_t(kb) * 4 : int64_t(kb & ~1) * 2;
-  const uint32_t sdst = st + kBBytes + kBM * kRowBytes;
+  const int64_t soff = kKind == FusedKind::kNvfp4 ? int64_t(kb) * 4 : int64_t(kb & ~1) * 2;
+  const uint32_t sdst = st + kBBytes + kBM * code_row_bytes<kKind>();
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int row = lane + 32 * i;
@@ -364,12 +363,13 @@ __device__ __forceinline__ void load_a_scales(const uint8_t* a_scales, int64_t s
 // A' and its scales were written by kernels that completed before that copy started: the copy's
 // blocks wait for everything before them before they let this grid start (pdl.cuh). Stages and
 // barriers as in the kernel: full[s] at bar0 + 8s, empty[s] at bar0 + 8 (kStages + s).
-template <int kRowBytes>
+template <FusedKind kKind>
 __device__ __forceinline__ void produce_a_first(const KernelArgs& p, uint32_t smem0, uint32_t bar0,
                                                 const CUtensorMap* a_map, const CUtensorMap* b_map,
                                                 int tiles_r, int tiles_c, int nk, int lane,
                                                 int64_t scale_row) {
-  constexpr int kStage = (kBBytes + kBM * kRowBytes + kScaleBytes + 1023) / 1024 * 1024;
+  constexpr int kRowBytes = code_row_bytes<kKind>();
+  constexpr int kStage = stage_bytes<kKind>();
   auto full = [&](int s) { return bar0 + 8u * s; };
   auto empty = [&](int s) { return bar0 + 8u * (kStages + s); };
   int2 deferred[kStages];  // (kb, n0) of step q < kStages (lane 0's copy is the one used)
@@ -396,7 +396,7 @@ __device__ __forceinline__ void produce_a_first(const KernelArgs& p, uint32_t sm
         if (!defer) tma::load_2d(st, b_map, full(s), kb * kBK, n0);
         tma::load_2d(st + kBBytes, a_map, full(s), kb * kRowBytes, m0);
       }
-      load_a_scales<kRowBytes>(p.a_scales, scale_row, st, m0, kb, lane, full(s));
+      load_a_scales<kKind>(p.a_scales, scale_row, st, m0, kb, lane, full(s));
       if (defer) {
 #pragma unroll
         for (int i = 0; i < kStages; ++i) {
@@ -461,8 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp != 0) return;
     const int64_t scale_row = kF16 ? p.K / 16 : p.K / 32;  // bytes per row of A''s scales
     if constexpr (kAFirst) {
-      produce_a_first<kRowBytes>(p, smem0, bar0, &a_map, &b_map, tiles_r, tiles_c, nk, lane,
-                                 scale_row);
+      produce_a_first<kKind>(p, smem0, bar0, &a_map, &b_map, tiles_r, tiles_c, nk, lane, scale_row);
       return;
     }
     int s = 0;
@@ -477,7 +476,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         tma::load_2d(st, &b_map, full(s), kb * kBK, n0);
                         tma::load_2d(st + kBBytes, &a_map, full(s), kb * kRowBytes, m0);
                       }
-                      load_a_scales<kRowBytes>(p.a_scales, scale_row, st, m0, kb, lane, full(s));
+                      load_a_scales<kKind>(p.a_scales, scale_row, st, m0, kb, lane, full(s));
                       if (++s == kStages) {
                         s = 0;
                         ph ^= 1u;

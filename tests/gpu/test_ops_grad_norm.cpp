@@ -39,7 +39,7 @@ std::vector<ParamSegment> make_segments(int count, int64_t max_len, int64_t* p) 
   return segs;
 }
 
-test::OpCase sumsq_case(const std::string& name, const std::vector<ParamSegment>& segs, int64_t p,
+test::OpCase norms_case(const std::string& name, const std::vector<ParamSegment>& segs, int64_t p,
                         const Fill& f, int misalign) {
   test::OpCase c;
   c.name = name;
@@ -64,20 +64,20 @@ TEST(GradNormGpu, MatchesCpuTwin) {
   for (const Fill& f : {Fill::gaussian(), Fill::zeros(), Fill::large(1e20), Fill::large(1e30),
                         Fill::large(), Fill::small(), Fill::specials()}) {
     for (int misalign : {0, 1}) {
-      EXPECT_TRUE(test::compare_cpu_gpu(sumsq_case(
+      EXPECT_TRUE(test::compare_cpu_gpu(norms_case(
           fmt::format("seg_norms {} misalign {}", f.name(), misalign), segs, p, f, misalign)));
     }
   }
   const std::vector<ParamSegment> one = {{0, 3 << 20, true}};
   EXPECT_TRUE(test::compare_cpu_gpu(
-      sumsq_case("seg_norms one segment", one, 3 << 20, Fill::gaussian(), 0)));
+      norms_case("seg_norms one segment", one, 3 << 20, Fill::gaussian(), 0)));
 }
 
 TEST(GradNormGpu, RepeatedRunsGiveTheSameBits) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
   int64_t p = 0;
   const std::vector<ParamSegment> segs = make_segments(80, 50000, &p);
-  const test::OpCase c = sumsq_case("seg_norms", segs, p, Fill::gaussian(), 0);
+  const test::OpCase c = norms_case("seg_norms", segs, p, Fill::gaussian(), 0);
   const test::OpRun a = test::run_op(c, Device::cuda(0)), b = test::run_op(c, Device::cuda(0));
   for (const char* name : {"seg_norms", "norm", "coef", "skip"}) {
     EXPECT_TRUE(test::expect_close(name, a.shape(name), a.values(name), b.values(name),
