@@ -116,7 +116,6 @@ void add_eval_command(CLI::App& app, CommandAction& action) {
   cmd->add_flag("--cpu", o->cpu, "Run on the CPU even when a GPU is present");
   cmd->callback([o, &action] {
     action = [o] {
-      LOWBIT_USER_CHECK(o->batch > 0 && o->seq_len > 1, "--batch_size and --seq_len must be > 0");
       LoadedModel m = load(o->ckpt, o->tokenizer, o->precision, o->cpu);
       const std::string path = o->data == "bundled" ? data::default_corpus_path() : o->data;
       // The corpus tokenized as training tokenizes it (data/corpus.h): plain-text documents end

@@ -141,8 +141,10 @@ int run_quantize(const std::string& in_path, const std::string& out_path,
     LOWBIT_USER_CHECK(!std::filesystem::equivalent(in_path, out_path, ec),
                       "{}: OUT is the input file; write the quantized copy to another file",
                       out_path);
-    LOWBIT_USER_CHECK(out_path.empty() ||
-                          (out_path.back() != '/' && !std::filesystem::is_directory(out_path, ec)),
+    // Refused before any tensor is read and quantized.
+    LOWBIT_USER_CHECK(!out_path.empty(),
+                      "the output file name is empty: give OUT, the path of the file to write");
+    LOWBIT_USER_CHECK(out_path.back() != '/' && !std::filesystem::is_directory(out_path, ec),
                       "{}: OUT is a directory; give the path of the file to write", out_path);
   }
   const data::SafeTensorsFile in = data::read_safetensors(in_path);

@@ -105,7 +105,29 @@ std::optional<uint64_t> manifest_fingerprint(const fs::path& dir) {
 
 }  // namespace
 
+void check_train_data_inputs(const TrainOptions& opt) {
+  if (opt.data == "synthetic") return;
+  if (!opt.tokenizer.empty()) {
+    LOWBIT_USER_CHECK(fs::is_regular_file(opt.tokenizer),
+                      "--tokenizer {}: no such file (give a tokenizer.json, or leave the flag out "
+                      "to train one on --data)",
+                      opt.tokenizer);
+  }
+  const std::string input = opt.data == "bundled" ? data::default_corpus_path() : opt.data;
+  if (!fs::exists(input)) {
+    throw UserError(
+        fmt::format("--data {}: no such file or directory (use bundled, synthetic, "
+                    "a .txt/.jsonl corpus or a shard directory)",
+                    input));
+  }
+  LOWBIT_USER_CHECK(!fs::is_directory(input) || is_shard_input(input),
+                    "--data {}: a directory without manifest.json; give a shard directory "
+                    "written by the tokenize step, or a .txt / .jsonl corpus file",
+                    input);
+}
+
 TrainData open_train_data(const TrainOptions& opt) {
+  check_train_data_inputs(opt);
   const data::LoaderOptions lo = loader_options(opt);
   if (opt.data == "synthetic") {
     // An order-2 Markov source over 256 tokens: its entropy rate is the loss floor.
@@ -125,16 +147,6 @@ TrainData open_train_data(const TrainOptions& opt) {
   }
 
   const std::string input = opt.data == "bundled" ? data::default_corpus_path() : opt.data;
-  if (!fs::exists(input)) {
-    throw UserError(
-        fmt::format("--data {}: no such file or directory (use bundled, synthetic, "
-                    "a .txt/.jsonl corpus or a shard directory)",
-                    input));
-  }
-  LOWBIT_USER_CHECK(!fs::is_directory(input) || is_shard_input(input),
-                    "--data {}: a directory without manifest.json; give a shard directory "
-                    "written by the tokenize step, or a .txt / .jsonl corpus file",
-                    input);
   make_run_dir(opt.out_dir);
   const std::string run_tok = (fs::path(opt.out_dir) / "tokenizer.json").string();
   std::optional<data::Tokenizer> tok;

@@ -54,6 +54,11 @@ class TrainData {
 // unwritable parent is a UserError naming the flag.
 void make_run_dir(const std::string& dir);
 
+// The checks of open_train_data that need no work: --data exists (a file, or a directory with a
+// manifest), --tokenizer exists; UserError otherwise. The trainer runs them before it clears a
+// previous run (--overwrite_output_dir), so that a mistyped path loses nothing.
+void check_train_data_inputs(const TrainOptions& opt);
+
 // Opens the data of a run (opt.data, opt.tokenizer, opt.vocab_size, opt.val_fraction): trains
 // and saves a tokenizer in out_dir when none is given (or reuses out_dir/tokenizer.json), and
 // tokenizes a text corpus into out_dir/tokens/ once (reused while the tokenizer matches).

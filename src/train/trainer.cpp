@@ -266,11 +266,23 @@ TrainResult train(const TrainOptions& options) {
           opt.out_dir,
           had_ckpt ? "a run's checkpoint" : "the metrics of a run that left no checkpoint",
           had_ckpt ? fmt::format("continue that run with --resume {}, ", ckpt_dir) : "");
+      // The new run's inputs first: a mistyped --data or --tokenizer must not cost the old run.
+      train_detail::check_train_data_inputs(opt);
       const std::string run_tok = opt.out_dir + "/tokenizer.json";
-      fs::remove_all(ckpt_dir, ec);
-      fs::remove(metrics_path, ec);
+      const auto remove = [&](const std::string& path, bool tree) {
+        std::error_code rec;
+        if (tree) {
+          fs::remove_all(path, rec);
+        } else {
+          fs::remove(path, rec);
+        }
+        LOWBIT_USER_CHECK(!rec, "--overwrite_output_dir: cannot remove {}: {}", path,
+                          rec.message());
+      };
+      remove(ckpt_dir, true);
+      remove(metrics_path, false);
       if (opt.tokenizer.empty() || !fs::equivalent(opt.tokenizer, run_tok, ec)) {
-        fs::remove(run_tok, ec);
+        remove(run_tok, false);
       }
       std::printf(
           "--overwrite_output_dir: the previous run's checkpoint, metrics and tokenizer "

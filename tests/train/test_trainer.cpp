@@ -333,6 +333,19 @@ TEST(TrainErrors, RunDirectoriesAndResumeLimits) {
   EXPECT_NE(msg.find("--stop_at_step 1 is not after the checkpoint's step 2"), std::string::npos)
       << msg;
 
+  o = a;  // --overwrite_output_dir with a mistyped --data or --tokenizer: refused, a's run kept
+  o.overwrite_output_dir = true;
+  o.data = a.out_dir + "/no_such_corpus.txt";
+  msg = failure(o);
+  EXPECT_NE(msg.find("no_such_corpus.txt: no such file"), std::string::npos) << msg;
+  o = a;
+  o.overwrite_output_dir = true;
+  o.tokenizer = a.out_dir + "/no_such_tokenizer.json";
+  msg = failure(o);
+  EXPECT_NE(msg.find("no_such_tokenizer.json: no such file"), std::string::npos) << msg;
+  EXPECT_EQ(file_bytes(a.out_dir + "/checkpoint/model.safetensors"), a_model);
+  EXPECT_EQ(losses(a.out_dir + "/metrics.jsonl").size(), 2u);
+
   o = a;  // starting over in a's directory clears it first
   o.overwrite_output_dir = true;
   o.total_steps = 3;
