@@ -152,7 +152,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
   quant
       ->add_option("--iters", q->iters,
                    "Timed samples per measurement, each a burst of calls (median reported)")
-      ->check(CLI::Range(1, 10000))
+      ->check(integer_in(1, 10000))
       ->capture_default_str();
   quant->add_option("--json-out", q->json_out, "Also write one JSON object per row to this file");
   quant->callback([q, &action] {
@@ -200,10 +200,10 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
   train_cmd->add_option("--recipes", t->recipes, "Comma-separated recipes (bf16 first)")
       ->capture_default_str();
   train_cmd->add_option("--steps", t->steps, "Timed optimizer steps")
-      ->check(CLI::Range(1, 10000))
+      ->check(integer_in(1, 10000))
       ->capture_default_str();
   train_cmd->add_option("--warmup", t->warmup, "Untimed steps first")
-      ->check(CLI::Range(1, 10000))
+      ->check(integer_in(1, 10000))
       ->capture_default_str();
   train_cmd->add_flag("--activation_checkpointing", t->activation_checkpointing,
                       "Recompute each block in the backward");
@@ -327,10 +327,10 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
   gemm_cmd->add_option("--roles", g->roles, "Comma-separated GEMMs per layer: fprop, dgrad, wgrad")
       ->capture_default_str();
   gemm_cmd->add_option("--iters", g->iters, "Timed samples per measurement (median reported)")
-      ->check(CLI::Range(1, 10000))
+      ->check(integer_in(1, 10000))
       ->capture_default_str();
   gemm_cmd->add_option("--warmup", g->warmup, "Warm-up calls before timing")
-      ->check(CLI::Range(0, 10000))
+      ->check(integer_in(0, 10000))
       ->capture_default_str();
   gemm_cmd->add_option("--json-out", g->json_out,
                        "Also write one JSON object per row to this file");
@@ -340,7 +340,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                    "model's choice, 1: whole tiles, N: about N parts, a multiple of the output's "
                    "256-wide column "
                    "tiles)")
-      ->check(CLI::Range(0, 100000))
+      ->check(integer_in(0, 100000))
       ->capture_default_str();
   gemm_cmd->callback([g, &action] {
     action = [g] {
@@ -433,7 +433,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                    "Comma-separated: 124m, 1b; none: the copy and attention rows only")
       ->capture_default_str();
   ops_cmd->add_option("--iters", o->iters, "Timed samples per row (median reported)")
-      ->check(CLI::Range(1, 10000))
+      ->check(integer_in(1, 10000))
       ->capture_default_str();
   ops_cmd->add_option("--ops", o->ops,
                       "Comma-separated substrings: only rows whose op name contains one of them "

@@ -270,6 +270,23 @@ run 2 train --cpu --total_steps -5
 grep -q -- "--total_steps: -5 is below" "$tmp/err" || fail "total_steps -5: not refused clearly"
 run 2 train --cpu --time_limit_minutes inf
 grep -q -- "--time_limit_minutes" "$tmp/err" || fail "time_limit_minutes inf: the flag is not named"
+# Integer flags: text that is no integer, and values past the 64-bit range (strtoll's ERANGE),
+# are named as such; so are the upper bounds of the bench flags.
+for v in abc 1.5 ""; do
+  run 2 train --cpu --batch_size "$v"
+  grep -q -- "--batch_size: '$v' is not an integer" "$tmp/err" || fail "batch_size '$v': unclear"
+done
+run 2 train --cpu --total_steps 99999999999999999999
+grep -q -- "--total_steps: 99999999999999999999 is above the largest allowed value, 9223372036854775807" \
+  "$tmp/err" || fail "total_steps 99999999999999999999: not refused clearly"
+run 2 train --cpu --total_steps -99999999999999999999
+grep -q -- "--total_steps: -99999999999999999999 is below the smallest allowed value, 0" "$tmp/err" ||
+  fail "total_steps -99999999999999999999: not refused clearly"
+run 2 bench gemm --iters 10001
+grep -q -- "--iters: 10001 is above the largest allowed value, 10000" "$tmp/err" ||
+  fail "bench gemm --iters 10001: not refused clearly"
+run 2 bench quant --iters x
+grep -q -- "--iters: 'x' is not an integer" "$tmp/err" || fail "bench quant --iters x: unclear"
 run 2 train --cpu --n_layers 100000000 --total_steps 1 --out "$tmp/huge"
 grep -q "n_layers 100000000 is above the limit" "$tmp/err" || fail "n_layers 1e8: no clear limit"
 run 2 eval "$tmp/no-checkpoint"
