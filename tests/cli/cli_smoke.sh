@@ -347,6 +347,21 @@ run 0 train --cpu --data "$tmp/corpus.txt" --n_layers 2 --batch_size 2 --seq_len
   --total_steps 5 --out "$tmp/run" --resume "$tmp/run/checkpoint" --sample_tokens 0
 grep -q "resumed from" "$tmp/out" || fail "train --resume: no resume line"
 
+# bench train runs on the CPU: its --json-out is written whole (a temporary file renamed onto it),
+# and a directory that does not exist is refused before anything is measured.
+run 2 bench train --presets tiny --recipes bf16 --steps 1 --warmup 1 --json-out "$tmp/no/t.jsonl"
+grep -q -- "--json-out $tmp/no/t.jsonl: $tmp/no is not a writable directory" "$tmp/err" ||
+  fail "bench train --json-out into a missing directory: unclear error"
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  run 0 bench train --presets tiny --recipes bf16 --steps 1 --warmup 1 --json-out "$tmp/t.jsonl"
+  python3 - "$tmp/t.jsonl" <<'EOF' || fail "bench train --json-out: not one JSON row"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 1 and rows[0]["bench"] == "train" and rows[0]["preset"] == "tiny", rows
+EOF
+  if ls "$tmp" | grep -q "t.jsonl.tmp-"; then fail "bench train left a temporary file behind"; fi
+fi
+
 run 0 train --cpu --precision nvfp4 --data "$tmp/corpus.txt" --vocab_size 300 --n_layers 1 \
   --batch_size 2 --seq_len 32 --total_steps 2 --eval_every 0 --sample_tokens 0 --out "$tmp/run4"
 grep -q "outputs are recomputed in the backward" "$tmp/out" ||
