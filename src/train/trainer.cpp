@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -18,6 +19,7 @@
 #include "lowbit/train/metrics.h"
 #include "lowbit/train/schedule.h"
 #include "lowbit/train/step.h"
+#include "train/checkpoint_parsed.h"
 #include "train/train_data.h"
 
 namespace lowbit {
@@ -83,10 +85,13 @@ void check_options(const TrainOptions& o) {
     bad(fmt::format("--val_fraction must be in [0, 0.5) (got {})", o.val_fraction));
   }
   if (o.eval_batches < 1) bad("--eval_batches must be ≥ 1");
-  if (!o.resume.empty() && !o.init_from.empty()) {
-    bad("--resume and --init-from exclude each other: --resume continues a run (optimizer and "
-        "data position included), --init-from starts a new run from its weights");
-  }
+}
+
+void check_exclusive_starts(const TrainOptions& o) {
+  LOWBIT_USER_CHECK(o.resume.empty() || o.init_from.empty(),
+                    "--resume and --init-from exclude each other: --resume continues a run "
+                    "(optimizer and data position included), --init-from starts a new run from "
+                    "its weights");
 }
 
 ModelConfig build_model_config(const TrainOptions& o, int64_t vocab, bool on_gpu) {
@@ -200,17 +205,35 @@ constexpr std::pair<const char*, float TrainOptions::*> kOptimizerSettings[] = {
     {"beta1", &TrainOptions::beta1},
     {"beta2", &TrainOptions::beta2},
     {"adam_eps", &TrainOptions::adam_eps}};
+
+// A resume must have a step left to train: --stop_at_step after the checkpoint's step, and the
+// checkpoint short of --total_steps.
+void check_steps_left(const TrainOptions& opt, int64_t ckpt_step) {
+  LOWBIT_USER_CHECK(opt.stop_at_step == 0 || opt.stop_at_step > ckpt_step,
+                    "{}: --stop_at_step {} is not after the checkpoint's step {}: nothing to "
+                    "train",
+                    opt.resume, opt.stop_at_step, ckpt_step);
+  LOWBIT_USER_CHECK(opt.total_steps == 0 || ckpt_step < opt.total_steps,
+                    "{}: the checkpoint is at step {}, which already reaches --total_steps {}: "
+                    "nothing to train; give a larger --total_steps to continue the run",
+                    opt.resume, ckpt_step, opt.total_steps);
+}
 }  // namespace
 
 TrainResult train(const TrainOptions& options) {
   const auto t_start = Clock::now();
   Context ctx = options.force_cpu ? Context(Device::cpu()) : Context::create_default();
   TrainOptions opt = options;
+  check_exclusive_starts(opt);
+  // The checkpoint of a resume is read once, first: its settings fill in the options, and a
+  // resume with nothing to train fails before anything in --out is touched.
+  std::optional<CheckpointInfo> ckpt;
+  nlohmann::ordered_json tc;  // its train_config
   if (!opt.resume.empty()) {
+    ckpt = read_checkpoint(opt.resume);
+    if (ckpt->parsed->trainer.contains("train_config")) tc = ckpt->parsed->trainer["train_config"];
     // A resumed run keeps its own schedule and batch shape: what the flags leave unset comes
     // from the checkpoint (not from the device defaults, which may differ from the run's).
-    const nlohmann::json tc =
-        nlohmann::json::parse(checkpoint_train_config(opt.resume), nullptr, false);
     if (opt.batch_size < 0) opt.batch_size = static_cast<int>(json_int_or(tc, "batch_size", -1));
     if (opt.seq_len < 0) opt.seq_len = static_cast<int>(json_int_or(tc, "seq_len", -1));
     if (opt.total_steps < 0) opt.total_steps = json_int_or(tc, "total_steps", -1);
@@ -239,6 +262,7 @@ TrainResult train(const TrainOptions& options) {
   if (opt.seq_len < 0) opt.seq_len = ctx.on_gpu() ? 1024 : 128;
   if (opt.total_steps < 0) opt.total_steps = ctx.on_gpu() ? 1000 : 300;
   check_options(opt);
+  if (ckpt) check_steps_left(opt, ckpt->state.step);
   ctx.set_seed(opt.seed);
   std::vector<GpuInfo> gpus = ctx.on_gpu() ? list_gpus() : std::vector<GpuInfo>();
   const GpuInfo* gpu = ctx.on_gpu() && !gpus.empty() ? &gpus[ctx.device().index] : nullptr;
@@ -294,9 +318,8 @@ TrainResult train(const TrainOptions& options) {
   // ---- data ----
   train_detail::TrainData data = train_detail::open_train_data(opt);
   // A resumed run continues the checkpoint's model (its shape flags need not be repeated).
-  const ModelConfig mcfg = opt.resume.empty()
-                               ? build_model_config(opt, data.vocab_size(), ctx.on_gpu())
-                               : checkpoint_model_config(opt.resume);
+  const ModelConfig mcfg =
+      ckpt ? ckpt->model_config : build_model_config(opt, data.vocab_size(), ctx.on_gpu());
   if (mcfg.vocab_size < data.vocab_size()) {
     throw UserError(
         fmt::format("the model's vocabulary ({}) is smaller than the data's ({}): the "
@@ -330,24 +353,13 @@ TrainResult train(const TrainOptions& options) {
   int64_t start_step = 0;
   int64_t tokens_seen = 0;
   int64_t skipped = 0;  // non-finite steps skipped so far (AdamW counts applied updates only)
-  if (!opt.resume.empty()) {
-    const std::string prev = checkpoint_recipe(opt.resume);
-    const CheckpointState st = load_checkpoint(opt.resume, model, /*load_optimizer=*/true);
+  if (ckpt) {
+    const std::string& prev = ckpt->state.recipe;
+    const CheckpointState st = load_checkpoint(*ckpt, model, /*load_optimizer=*/true);
     start_step = st.step;
-    LOWBIT_USER_CHECK(opt.stop_at_step == 0 || opt.stop_at_step > start_step,
-                      "{}: --stop_at_step {} is not after the checkpoint's step {}: nothing to "
-                      "train",
-                      opt.resume, opt.stop_at_step, start_step);
-    LOWBIT_USER_CHECK(opt.total_steps == 0 || start_step < opt.total_steps,
-                      "{}: the checkpoint is at step {}, which already reaches --total_steps {}: "
-                      "nothing to train; give a larger --total_steps to continue the run",
-                      opt.resume, start_step, opt.total_steps);
     tokens_seen = st.tokens;
     data.restore(st.data_state_json);
-    if (!st.train_config_json.empty()) {
-      const nlohmann::json tc = nlohmann::json::parse(st.train_config_json, nullptr, false);
-      skipped = json_int_or(tc, "skipped_steps", 0);
-    }
+    skipped = json_int_or(tc, "skipped_steps", 0);
     ctx.set_seed(st.rng_seed);
     ctx.set_rng_offset(st.rng_offset);
     for (const std::string& note : st.notes) std::printf("resume: %s\n", note.c_str());

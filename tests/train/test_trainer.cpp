@@ -364,6 +364,39 @@ TEST(TrainErrors, RunDirectoriesAndResumeLimits) {
   EXPECT_NE(msg.find("a directory without manifest.json"), std::string::npos) << msg;
 }
 
+// A resume with nothing to train fails before anything else happens: resumed into a directory
+// that holds another run, with --overwrite_output_dir, it leaves that run as it was.
+TEST(TrainErrors, ResumeWithNothingToTrainLeavesTheOccupiedOutAlone) {
+  TrainOptions a = small_run(test_dir("done_a"));
+  a.total_steps = 2;
+  a.recipe = Recipe::kBF16;
+  train(a);
+  TrainOptions b = small_run(test_dir("occupied_b"));
+  b.total_steps = 1;
+  b.recipe = Recipe::kBF16;
+  train(b);
+  fs::copy_file(shared_tokenizer(), b.out_dir + "/tokenizer.json");  // as a run trains one
+  const std::string b_model = file_bytes(b.out_dir + "/checkpoint/model.safetensors");
+  const std::string b_metrics = file_bytes(b.out_dir + "/metrics.jsonl");
+  const std::string b_tokenizer = file_bytes(b.out_dir + "/tokenizer.json");
+
+  TrainOptions o = b;  // a's checkpoint, at step 2, resumed into b's directory
+  o.resume = a.out_dir + "/checkpoint";
+  o.overwrite_output_dir = true;
+  o.total_steps = 2;
+  std::string msg = failure(o);
+  EXPECT_NE(msg.find("already reaches --total_steps 2"), std::string::npos) << msg;
+  o.total_steps = 4;
+  o.stop_at_step = 2;
+  msg = failure(o);
+  EXPECT_NE(msg.find("--stop_at_step 2 is not after the checkpoint's step 2"), std::string::npos)
+      << msg;
+  // (Compared as booleans: a failure need not print the files.)
+  EXPECT_TRUE(file_bytes(b.out_dir + "/checkpoint/model.safetensors") == b_model);
+  EXPECT_TRUE(file_bytes(b.out_dir + "/metrics.jsonl") == b_metrics);
+  EXPECT_TRUE(file_bytes(b.out_dir + "/tokenizer.json") == b_tokenizer);
+}
+
 TEST(TrainErrors, TruncatedCheckpointAndTokenizerMismatch) {
   TrainOptions o = small_run(test_dir("truncated"));
   o.total_steps = 2;
