@@ -397,6 +397,46 @@ TEST(TrainErrors, ResumeWithNothingToTrainLeavesTheOccupiedOutAlone) {
   EXPECT_TRUE(file_bytes(b.out_dir + "/tokenizer.json") == b_tokenizer);
 }
 
+// A damaged train_config in trainer.json is reported with the file and the field, not as a flag
+// the user never gave (3000000000 cast to int is negative: "--batch_size must be ≥ 1").
+TEST(TrainErrors, DamagedTrainConfigNamesTheFileAndField) {
+  TrainOptions o = small_run(test_dir("damaged"));
+  o.total_steps = 1;
+  o.recipe = Recipe::kBF16;
+  train(o);
+  const std::string trainer = o.out_dir + "/checkpoint/trainer.json";
+  const std::string original = file_bytes(trainer);
+  TrainOptions r;  // a resume that gives no flag: every setting comes from the checkpoint
+  r.resume = o.out_dir + "/checkpoint";
+  r.out_dir = o.out_dir;
+  r.data = o.data;
+  r.tokenizer = o.tokenizer;
+  r.force_cpu = true;
+  r.total_steps = 2;
+  r.sample_tokens = 0;
+  r.eval_every = 0;
+  const std::vector<std::pair<std::string, nlohmann::json>> damage = {{"batch_size", 3000000000LL},
+                                                                      {"seq_len", 1},
+                                                                      {"grad_accum_steps", "2"},
+                                                                      {"total_steps", -3},
+                                                                      {"skipped_steps", 1.5},
+                                                                      {"lr", 1e300},
+                                                                      {"beta2", 1.0}};
+  for (const auto& [field, value] : damage) {
+    nlohmann::ordered_json t = nlohmann::ordered_json::parse(original);
+    t["train_config"][field] = value;
+    std::ofstream(trainer) << t.dump(2);
+    const std::string msg = failure(r);
+    EXPECT_NE(msg.find(trainer + ": train_config." + field + " is " + value.dump()),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("the checkpoint is damaged"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("--"), std::string::npos) << msg;  // no flag blamed
+  }
+  std::ofstream(trainer) << original;  // repaired: the resume runs
+  EXPECT_EQ(train(r).steps_done, 1);
+}
+
 TEST(TrainErrors, TruncatedCheckpointAndTokenizerMismatch) {
   TrainOptions o = small_run(test_dir("truncated"));
   o.total_steps = 2;
