@@ -195,9 +195,9 @@ struct Sampler {
   }
 };
 
-// The optimizer settings a checkpoint records and a resume takes back while the flags leave
-// them at their defaults (train_config in trainer.json; the keys name the options), with the
-// range a stored value must lie in (check_options' range of the flag).
+// The optimizer settings a checkpoint records and a resume takes back unless they are given
+// explicitly (train_config in trainer.json; the keys name the options), with the range a stored
+// value must lie in (check_options' range of the flag).
 struct OptimizerSetting {
   const char* key;
   float TrainOptions::*member;
@@ -290,30 +290,28 @@ void check_steps_left(const TrainOptions& opt, int64_t ckpt_step) {
 
 // Takes the run's settings from its checkpoint where the options leave them to it: the batch
 // shape and schedule when unset (not the device defaults, which may differ from the run's), the
-// optimizer settings while at their defaults (one set to something else overrides the
-// checkpoint's, and both are printed).
+// optimizer settings unless given explicitly (both values are printed when they differ).
 void apply_stored_run(TrainOptions& opt, const StoredRun& run) {
   if (opt.batch_size < 0 && run.batch_size) opt.batch_size = static_cast<int>(*run.batch_size);
   if (opt.seq_len < 0 && run.seq_len) opt.seq_len = static_cast<int>(*run.seq_len);
   if (opt.total_steps < 0 && run.total_steps) opt.total_steps = *run.total_steps;
   if (opt.warmup_steps < 0 && run.warmup_steps) opt.warmup_steps = *run.warmup_steps;
-  const TrainOptions def;
-  auto take = [&](auto& field, auto def_value, auto stored, const char* key) {
-    if (field == def_value && stored != def_value) {
-      field = stored;
-      std::printf("resume: %s %g from the checkpoint\n", key, double(stored));
-    } else if (field != stored) {
+  auto take = [&](auto& field, auto stored, const char* key) {
+    if (field == stored) return;
+    if (opt.explicit_settings.count(key) > 0) {
       std::printf("resume: %s %g (the checkpoint's run used %g)\n", key, double(field),
                   double(stored));
+    } else {
+      field = stored;
+      std::printf("resume: %s %g from the checkpoint\n", key, double(stored));
     }
   };
   if (run.grad_accum_steps) {
-    take(opt.grad_accum_steps, def.grad_accum_steps, static_cast<int>(*run.grad_accum_steps),
-         "grad_accum_steps");
+    take(opt.grad_accum_steps, static_cast<int>(*run.grad_accum_steps), "grad_accum_steps");
   }
   for (size_t i = 0; i < kNumOptimizerSettings; ++i) {
     const OptimizerSetting& s = kOptimizerSettings[i];
-    if (run.optimizer[i]) take(opt.*s.member, def.*s.member, *run.optimizer[i], s.key);
+    if (run.optimizer[i]) take(opt.*s.member, *run.optimizer[i], s.key);
   }
 }
 }  // namespace

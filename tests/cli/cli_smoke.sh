@@ -346,6 +346,17 @@ grep -q -- "--max_tokens" "$tmp/err" || fail "generate --max_tokens -1: the flag
 run 0 train --cpu --data "$tmp/corpus.txt" --n_layers 2 --batch_size 2 --seq_len 32 \
   --total_steps 5 --out "$tmp/run" --resume "$tmp/run/checkpoint" --sample_tokens 0
 grep -q "resumed from" "$tmp/out" || fail "train --resume: no resume line"
+# A resume keeps an optimizer flag given on its command line, even one equal to the default
+# (0.001), and takes the checkpoint's value for one not given.
+run 0 train --cpu --data "$tmp/corpus.txt" --vocab_size 300 --n_layers 1 --batch_size 2 \
+  --seq_len 32 --total_steps 4 --stop_at_step 2 --lr 0.002 --grad_clip 0.5 --eval_every 0 \
+  --sample_tokens 0 --out "$tmp/run6"
+run 0 train --cpu --data "$tmp/corpus.txt" --resume "$tmp/run6/checkpoint" --out "$tmp/run6" \
+  --lr 0.001 --sample_tokens 0
+grep -q "resume: lr 0.001 (the checkpoint's run used 0.002)" "$tmp/out" ||
+  fail "resume --lr 0.001 (the default): the checkpoint's lr was taken instead"
+grep -q "resume: grad_clip 0.5 from the checkpoint" "$tmp/out" ||
+  fail "resume without --grad_clip: the checkpoint's grad_clip was not taken"
 
 # bench train runs on the CPU: its --json-out is written whole (a temporary file renamed onto it),
 # and a directory that does not exist is refused before anything is measured.

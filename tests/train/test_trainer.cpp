@@ -234,6 +234,44 @@ TEST(TrainResume, ResumeWithoutTheFlagsContinuesTheRun) {
             file_bytes(first.out_dir + "/checkpoint/optimizer.safetensors"));
 }
 
+// The learning rate metrics.jsonl records for `step`.
+double lr_at_step(const std::string& metrics_path, int64_t step) {
+  std::ifstream in(metrics_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json m = nlohmann::json::parse(line);
+    if (m["step"].get<int64_t>() == step) return m["lr"].get<double>();
+  }
+  ADD_FAILURE() << metrics_path << " has no step " << step;
+  return -1;
+}
+
+// A resume keeps the optimizer settings given explicitly, even one equal to the default, and
+// takes the others from the checkpoint.
+TEST(TrainResume, AnExplicitSettingEqualToTheDefaultWins) {
+  TrainOptions first = small_run(test_dir("explicit_first"));
+  first.recipe = Recipe::kBF16;
+  first.total_steps = 4;
+  first.stop_at_step = 2;
+  first.lr = 2 * TrainOptions{}.lr;  // the run's own lr, not the default
+  EXPECT_EQ(train(first).steps_done, 2);
+  TrainOptions resumed = first;  // each resume writes to a directory of its own
+  resumed.stop_at_step = 0;
+  resumed.resume = first.out_dir + "/checkpoint";
+  resumed.lr = TrainOptions{}.lr;
+  resumed.out_dir = test_dir("explicit_not_given");
+  EXPECT_EQ(train(resumed).steps_done, 2);
+  const double lr_ckpt = lr_at_step(resumed.out_dir + "/metrics.jsonl", 3);
+  resumed.explicit_settings = {"lr"};
+  resumed.out_dir = test_dir("explicit_given");
+  EXPECT_EQ(train(resumed).steps_done, 2);
+  const double lr_given = lr_at_step(resumed.out_dir + "/metrics.jsonl", 3);
+  // Step 3 is the first after the 2-step warm-up: it runs at the peak rate, the checkpoint's
+  // when --lr is not given, the given one (the default) when it is.
+  EXPECT_FLOAT_EQ(lr_ckpt, first.lr);
+  EXPECT_FLOAT_EQ(lr_given, TrainOptions{}.lr);
+}
+
 // A step none of whose targets carries loss (all masked) applies no update — no weight decay, no
 // moment decay — and says so, instead of a loss of 0 and a decayed model.
 TEST(TrainStep, AllTargetsMaskedIsNoUpdate) {
