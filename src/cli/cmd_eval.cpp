@@ -152,7 +152,8 @@ void add_eval_command(CLI::App& app, CommandAction& action) {
       }
       LOWBIT_USER_CHECK(n > 0,
                         "{}: no scored tokens in the first {} (SFT records score their "
-                        "assistant replies only)",
+                        "assistant replies only): give records with replies, or a larger "
+                        "--max_tokens if they come later",
                         path, ids.size());
       const double mean = loss / double(n);
       std::printf("%s on %s: %lld tokens, loss %.4f nats/token, perplexity %.2f\n", o->ckpt.c_str(),

@@ -322,6 +322,13 @@ grep -q "perplexity" "$tmp/out" || fail "eval: no perplexity printed"
 printf '{"text": "In the beginning was the word."}\n{"messages": 5}\n' >"$tmp/bad.jsonl"
 run 2 eval "$tmp/run/checkpoint" --cpu --data "$tmp/bad.jsonl" --seq_len 8
 grep -q "bad.jsonl:2" "$tmp/err" || fail "eval of a bad JSONL record: the line is not named"
+# Chat records without an assistant reply: no token is scored, which is an error, not a NaN.
+for i in 1 2 3 4; do
+  printf '{"messages": [{"role": "user", "content": "In the beginning was the word %s"}]}\n' "$i"
+done >"$tmp/unscored.jsonl"
+run 2 eval "$tmp/run/checkpoint" --cpu --data "$tmp/unscored.jsonl" --seq_len 8
+grep -q "unscored.jsonl: no scored tokens in the first" "$tmp/err" ||
+  fail "eval of records without replies: no 'no scored tokens' error"
 run 0 generate "$tmp/run/checkpoint" --cpu --prompt "In the" --max_tokens 5
 grep -q "tokens/s (KV cache" "$tmp/err" || fail "generate: no tokens/s line for the KV cache"
 grep -q "^In the" "$tmp/out" || fail "generate: the prompt is not echoed on stdout"

@@ -435,6 +435,22 @@ TEST(TrainErrors, ResumeWithNothingToTrainLeavesTheOccupiedOutAlone) {
   EXPECT_TRUE(file_bytes(b.out_dir + "/tokenizer.json") == b_tokenizer);
 }
 
+// A fresh run into a directory whose run left metrics but no checkpoint: refused, with no
+// --resume to offer, and the metrics kept.
+TEST(TrainErrors, MetricsWithoutACheckpointAreARun) {
+  TrainOptions o = small_run(test_dir("metrics_only"));
+  o.total_steps = 1;
+  const std::string metrics = o.out_dir + "/metrics.jsonl";
+  std::ofstream(metrics) << "{\"step\":1,\"loss\":6.9}\n";
+  const std::string msg = failure(o);
+  EXPECT_NE(msg.find("already holds the metrics of a run that left no checkpoint"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("--overwrite_output_dir"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("--resume"), std::string::npos) << msg;
+  EXPECT_EQ(file_bytes(metrics), "{\"step\":1,\"loss\":6.9}\n");
+}
+
 // A damaged train_config in trainer.json is reported with the file and the field, not as a flag
 // the user never gave (3000000000 cast to int is negative: "--batch_size must be ≥ 1").
 TEST(TrainErrors, DamagedTrainConfigNamesTheFileAndField) {
