@@ -554,7 +554,7 @@ TrainResult train(const TrainOptions& options) {
           static_cast<long long>(step + 1),
           so.non_finite.empty() ? "the global norm overflowed" : so.non_finite.c_str(),
           static_cast<long long>(skipped));
-    } else if (so.loss_non_finite) {
+    } else if (so.loss_non_finite()) {
       std::printf(
           "step %lld: the loss is not finite but the gradients are: the update was applied\n",
           static_cast<long long>(step + 1));

@@ -298,6 +298,7 @@ TEST(TrainStep, AllTargetsMaskedIsNoUpdate) {
   EXPECT_TRUE(so.no_targets);
   EXPECT_TRUE(so.skipped);
   EXPECT_TRUE(std::isnan(so.loss));
+  EXPECT_FALSE(so.loss_non_finite());  // a NaN loss, but no update was applied
   const Tensor after = Tensor::copy_of(model.params().master_all.view(), Device::cpu());
   ASSERT_EQ(before.nbytes(), after.nbytes());
   EXPECT_EQ(std::memcmp(before.data(), after.data(), before.nbytes()), 0);
