@@ -224,7 +224,8 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_option("--resume", o.resume, "Checkpoint directory to continue from");
   cmd->add_flag("--overwrite_output_dir", o.overwrite_output_dir,
                 "Start a fresh run in an --out that holds a previous run (its checkpoint, metrics "
-                "and tokenizer are removed first)");
+                "and tokenizer.json are removed first; the tokenizer stays when --tokenizer names "
+                "it)");
   cmd->add_option("--init-from,--init_from", o.init_from,
                   "Checkpoint or Hugging Face model directory: weights only, step 0");
   cmd->add_option("--eval_every", o.eval_every, "Validation every N steps (0: off)")

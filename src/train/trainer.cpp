@@ -346,8 +346,9 @@ TrainResult train(const TrainOptions& options) {
   {
     // A run into a directory that holds another run (any but the one it resumes) would replace
     // that run's checkpoint and truncate its metrics: only with --overwrite_output_dir, which
-    // then clears them (and the run's tokenizer, retrained for this run's data and vocabulary)
-    // before anything else.
+    // then clears them before anything else, and the run's tokenizer (which this run would
+    // otherwise reuse instead of training one on its own data) unless --tokenizer names that
+    // very file: the new run needs it then.
     namespace fs = std::filesystem;
     std::error_code ec;
     const bool resumes_here = !opt.resume.empty() && fs::equivalent(opt.resume, ckpt_dir, ec);
@@ -377,13 +378,12 @@ TrainResult train(const TrainOptions& options) {
       };
       remove(ckpt_dir, true);
       remove(metrics_path, false);
-      if (opt.tokenizer.empty() || !fs::equivalent(opt.tokenizer, run_tok, ec)) {
-        remove(run_tok, false);
-      }
-      std::printf(
-          "--overwrite_output_dir: the previous run's checkpoint, metrics and tokenizer "
-          "in %s are removed\n",
-          opt.out_dir.c_str());
+      const bool keep_tok = !opt.tokenizer.empty() && fs::equivalent(opt.tokenizer, run_tok, ec);
+      if (!keep_tok) remove(run_tok, false);
+      std::printf("--overwrite_output_dir: the previous run's %s in %s are removed%s\n",
+                  keep_tok ? "checkpoint and metrics" : "checkpoint, metrics and tokenizer",
+                  opt.out_dir.c_str(),
+                  keep_tok ? "; its tokenizer is kept (--tokenizer names it)" : "");
     }
   }
 

@@ -364,6 +364,13 @@ grep -q "resume: lr 0.001 (the checkpoint's run used 0.002)" "$tmp/out" ||
   fail "resume --lr 0.001 (the default): the checkpoint's lr was taken instead"
 grep -q "resume: grad_clip 0.5 from the checkpoint" "$tmp/out" ||
   fail "resume without --grad_clip: the checkpoint's grad_clip was not taken"
+# --overwrite_output_dir keeps the run's tokenizer when --tokenizer names it (and says so).
+run 0 train --cpu --data "$tmp/corpus.txt" --tokenizer "$tmp/run6/tokenizer.json" --n_layers 1 \
+  --batch_size 2 --seq_len 32 --total_steps 1 --eval_every 0 --sample_tokens 0 --out "$tmp/run6" \
+  --overwrite_output_dir
+grep -q "its tokenizer is kept (--tokenizer names it)" "$tmp/out" ||
+  fail "--overwrite_output_dir with the run's --tokenizer: not said that it is kept"
+[[ -s $tmp/run6/tokenizer.json ]] || fail "--overwrite_output_dir removed the --tokenizer in use"
 
 # bench train runs on the CPU: its --json-out is written whole (a temporary file renamed onto it),
 # and a directory that does not exist is refused before anything is measured.
