@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,12 @@ struct TrainOptions {
   float weight_decay = 0.1f;
   float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f;
   float grad_clip = 1.0f;  // ≤ 0: no clipping
+  // The optimizer settings given explicitly, by the names trainer.json's train_config stores
+  // them under ("grad_accum_steps", "lr", "min_lr_ratio", "weight_decay", "grad_clip", "beta1",
+  // "beta2", "adam_eps"). A resume keeps these and takes the others from the checkpoint, whatever
+  // their values (an explicit --lr equal to the default still wins). `lowbit train` names the
+  // flags given on its command line.
+  std::set<std::string> explicit_settings;
   bool activation_checkpointing = false;
   // Quantized linears keep the columnwise copy of their inputs from the forward instead of
   // recomputing it in the backward (more memory, one RMSNorm/SwiGLU pass less per block).

@@ -1,10 +1,12 @@
 // `lowbit bench <what>`: performance measurements on the GPU (never part of the tests).
+#include <unistd.h>
+
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +15,7 @@
 #include "bench/quant_bench.h"
 #include "bench/train_bench.h"
 #include "cli/commands.h"
+#include "data/data_util.h"
 #include "lowbit/core/error.h"
 #include "lowbit/core/sysinfo.h"
 #include "lowbit/recipe.h"
@@ -130,6 +133,34 @@ std::vector<GemmRole> parse_gemm_roles(const std::string& spec) {
 
 double not_measured() { return std::nan(""); }
 
+// The --json-out file of a bench command: one JSON object per row and line. The constructor
+// checks the path before the measurements, so that a mistyped directory fails at once rather
+// than after minutes of timing; write() replaces the file atomically (a temporary file renamed
+// onto it), so a reader never finds half a file. An empty path writes nothing.
+class JsonLinesOut {
+ public:
+  explicit JsonLinesOut(std::string path) : path_(std::move(path)) {
+    if (path_.empty()) return;
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path dir =
+        fs::path(path_).parent_path().empty() ? fs::path(".") : fs::path(path_).parent_path();
+    LOWBIT_USER_CHECK(!fs::is_directory(path_, ec), "--json-out {}: is a directory; give a file",
+                      path_);
+    LOWBIT_USER_CHECK(fs::is_directory(dir, ec) && ::access(dir.c_str(), W_OK) == 0,
+                      "--json-out {}: {} is not a writable directory (does it exist?)", path_,
+                      dir.string());
+  }
+  void add(const nlohmann::json& row) { text_ += row.dump() + "\n"; }
+  void write() const {
+    if (!path_.empty()) data::detail::write_file_atomic(path_, text_);
+  }
+
+ private:
+  std::string path_;
+  std::string text_;
+};
+
 // NaN (not measured) as JSON null.
 nlohmann::json num(double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); }
 
@@ -152,7 +183,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
   quant
       ->add_option("--iters", q->iters,
                    "Timed samples per measurement, each a burst of calls (median reported)")
-      ->check(CLI::Range(1, 10000))
+      ->check(integer_in(1, 10000))
       ->capture_default_str();
   quant->add_option("--json-out", q->json_out, "Also write one JSON object per row to this file");
   quant->callback([q, &action] {
@@ -162,20 +193,19 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       opt.iters = q->iters;
       const std::vector<GpuInfo> gpus = list_gpus();
       LOWBIT_USER_CHECK(!gpus.empty(), "bench quant needs a CUDA GPU; none was found");
+      JsonLinesOut json_out(q->json_out);
       std::printf("lowbit bench quant on %s\n", gpus[0].name.c_str());
-      const auto rows = bench::run_quant_bench(opt);
-      if (!q->json_out.empty()) {
-        std::ofstream f(q->json_out);
-        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}: {} (does its directory exist?)",
-                          q->json_out, std::strerror(errno));
-        for (const auto& r : rows) {
-          nlohmann::json j = {{"impl", "lowbit"}, {"device", gpus[0].name},
-                              {"shape", r.shape}, {"recipe", r.recipe},
-                              {"ms", r.ms},       {"bytes", r.bytes},
-                              {"gbps", r.gbps},   {"frac_of_copy", r.frac_of_copy}};
-          f << j.dump() << "\n";
-        }
+      for (const auto& r : bench::run_quant_bench(opt)) {
+        json_out.add({{"impl", "lowbit"},
+                      {"device", gpus[0].name},
+                      {"shape", r.shape},
+                      {"recipe", r.recipe},
+                      {"ms", r.ms},
+                      {"bytes", r.bytes},
+                      {"gbps", r.gbps},
+                      {"frac_of_copy", r.frac_of_copy}});
       }
+      json_out.write();
       return 0;
     };
   });
@@ -200,10 +230,10 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
   train_cmd->add_option("--recipes", t->recipes, "Comma-separated recipes (bf16 first)")
       ->capture_default_str();
   train_cmd->add_option("--steps", t->steps, "Timed optimizer steps")
-      ->check(CLI::Range(1, 10000))
+      ->check(integer_in(1, 10000))
       ->capture_default_str();
   train_cmd->add_option("--warmup", t->warmup, "Untimed steps first")
-      ->check(CLI::Range(1, 10000))
+      ->check(integer_in(1, 10000))
       ->capture_default_str();
   train_cmd->add_flag("--activation_checkpointing", t->activation_checkpointing,
                       "Recompute each block in the backward");
@@ -244,16 +274,11 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       opt.keep_quantized_weights = t->keep_quantized_weights;
       opt.recompute_block_outputs = t->recompute_block_outputs;
       opt.kernel_trace_path = t->kernel_trace;
+      JsonLinesOut json_out(t->json_out);
       const std::vector<GpuInfo> gpus = list_gpus();
       std::printf("lowbit bench train on %s\n", gpus.empty() ? "the CPU" : gpus[0].name.c_str());
       std::printf("%-6s %-12s %9s %10s %12s %7s %11s %8s %8s\n", "preset", "recipe", "batch",
                   "step ms", "tokens/s", "MFU", "peak mem", "vs bf16", "mem/bf16");
-      std::ofstream f;
-      if (!t->json_out.empty()) {
-        f.open(t->json_out);
-        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}: {} (does its directory exist?)",
-                          t->json_out, std::strerror(errno));
-      }
       for (const auto& r : bench::run_train_bench(opt)) {
         if (!r.error.empty()) {
           std::printf("%-6s %-12s error: %s\n", r.preset.c_str(), r.recipe.c_str(),
@@ -274,29 +299,29 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
           }
         }
         std::fflush(stdout);
-        if (f.is_open()) {
-          nlohmann::json j = {{"bench", "train"},
-                              {"impl", "lowbit"},
-                              {"device", gpus.empty() ? "cpu" : gpus[0].name},
-                              {"preset", r.preset},
-                              {"recipe", r.recipe},
-                              {"batch", r.batch},
-                              {"seq_len", r.seq_len},
-                              {"step_ms", r.step_ms},
-                              {"tokens_per_s", r.tokens_per_s},
-                              {"mfu", r.mfu},
-                              {"loss_first", r.loss_first},
-                              {"loss_last", r.loss_last},
-                              {"peak_mem_bytes", r.peak_mem_bytes},
-                              {"speed_vs_bf16", r.speed_vs_bf16},
-                              {"mem_vs_bf16", r.mem_vs_bf16},
-                              {"error", r.error}};
-          if (r.gpu_busy >= 0) j["gpu_busy"] = r.gpu_busy;
-          nlohmann::json cats;
-          for (const auto& [k, v] : r.peak_by_category) cats[k] = v;
-          j["peak_by_category"] = cats;
-          f << j.dump() << "\n";
-        }
+        nlohmann::json j = {{"bench", "train"},
+                            {"impl", "lowbit"},
+                            {"device", gpus.empty() ? "cpu" : gpus[0].name},
+                            {"preset", r.preset},
+                            {"recipe", r.recipe},
+                            {"batch", r.batch},
+                            {"seq_len", r.seq_len},
+                            {"step_ms", r.step_ms},
+                            {"tokens_per_s", r.tokens_per_s},
+                            {"mfu", r.mfu},
+                            {"loss_first", r.loss_first},
+                            {"loss_last", r.loss_last},
+                            {"peak_mem_bytes", r.peak_mem_bytes},
+                            {"speed_vs_bf16", r.speed_vs_bf16},
+                            {"mem_vs_bf16", r.mem_vs_bf16},
+                            {"error", r.error}};
+        if (r.gpu_busy >= 0) j["gpu_busy"] = r.gpu_busy;
+        nlohmann::json cats;
+        for (const auto& [k, v] : r.peak_by_category) cats[k] = v;
+        j["peak_by_category"] = cats;
+        json_out.add(j);
+        // Rewritten after every row: an interrupted bench keeps the rows measured so far.
+        json_out.write();
       }
       return 0;
     };
@@ -327,10 +352,10 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
   gemm_cmd->add_option("--roles", g->roles, "Comma-separated GEMMs per layer: fprop, dgrad, wgrad")
       ->capture_default_str();
   gemm_cmd->add_option("--iters", g->iters, "Timed samples per measurement (median reported)")
-      ->check(CLI::Range(1, 10000))
+      ->check(integer_in(1, 10000))
       ->capture_default_str();
   gemm_cmd->add_option("--warmup", g->warmup, "Warm-up calls before timing")
-      ->check(CLI::Range(0, 10000))
+      ->check(integer_in(0, 10000))
       ->capture_default_str();
   gemm_cmd->add_option("--json-out", g->json_out,
                        "Also write one JSON object per row to this file");
@@ -340,7 +365,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                    "model's choice, 1: whole tiles, N: about N parts, a multiple of the output's "
                    "256-wide column "
                    "tiles)")
-      ->check(CLI::Range(0, 100000))
+      ->check(integer_in(0, 100000))
       ->capture_default_str();
   gemm_cmd->callback([g, &action] {
     action = [g] {
@@ -353,40 +378,32 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       opt.fused_parts = g->fused_parts;
       const std::vector<GpuInfo> gpus = list_gpus();
       LOWBIT_USER_CHECK(!gpus.empty(), "bench gemm needs a CUDA GPU; none was found");
-      std::ofstream f;
-      if (!g->json_out.empty()) {
-        f.open(g->json_out);
-        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}: {} (does its directory exist?)",
-                          g->json_out, std::strerror(errno));
-      }
+      JsonLinesOut json_out(g->json_out);
       std::printf("lowbit bench gemm on %s\n", gpus[0].name.c_str());
       const auto rows = bench::run_gemm_bench(opt);
-      if (f.is_open()) {
-        for (const auto& r : rows) {
-          nlohmann::json j = {
-              {"impl", r.impl},
-              {"device", gpus[0].name},
-              {"bench", "gemm"},
-              {"shape", r.shape},
-              {"M", r.m},
-              {"N", r.n},
-              {"K", r.k},
-              {"role", r.role},
-              {"mode", r.mode},
-              {"backend", r.backend},
-              {"gemm", r.r > 0 ? nlohmann::json(fmt::format("{}x{}x{}", r.r, r.c, r.kc))
-                               : nlohmann::json()},
-              {"ms", num(r.ms)},
-              {"flops", r.flops},
-              {"tflops", num(r.tflops)},
-              {"bf16_ms", num(r.bf16_ms)},
-              {"ratio_bf16", num(r.ratio_bf16)},
-              {"overhead_pct", num(r.overhead_pct)},
-              {"iters", opt.iters},
-              {"error", r.error.empty() ? nlohmann::json() : nlohmann::json(r.error)}};
-          f << j.dump() << "\n";
-        }
+      for (const auto& r : rows) {
+        json_out.add({{"impl", r.impl},
+                      {"device", gpus[0].name},
+                      {"bench", "gemm"},
+                      {"shape", r.shape},
+                      {"M", r.m},
+                      {"N", r.n},
+                      {"K", r.k},
+                      {"role", r.role},
+                      {"mode", r.mode},
+                      {"backend", r.backend},
+                      {"gemm", r.r > 0 ? nlohmann::json(fmt::format("{}x{}x{}", r.r, r.c, r.kc))
+                                       : nlohmann::json()},
+                      {"ms", num(r.ms)},
+                      {"flops", r.flops},
+                      {"tflops", num(r.tflops)},
+                      {"bf16_ms", num(r.bf16_ms)},
+                      {"ratio_bf16", num(r.ratio_bf16)},
+                      {"overhead_pct", num(r.overhead_pct)},
+                      {"iters", opt.iters},
+                      {"error", r.error.empty() ? nlohmann::json() : nlohmann::json(r.error)}});
       }
+      json_out.write();
       // The targets, over the rows that measure them.
       double worst_overhead = not_measured(), fp8_8192 = not_measured(),
              worst_emulated = not_measured();
@@ -433,7 +450,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                    "Comma-separated: 124m, 1b; none: the copy and attention rows only")
       ->capture_default_str();
   ops_cmd->add_option("--iters", o->iters, "Timed samples per row (median reported)")
-      ->check(CLI::Range(1, 10000))
+      ->check(integer_in(1, 10000))
       ->capture_default_str();
   ops_cmd->add_option("--ops", o->ops,
                       "Comma-separated substrings: only rows whose op name contains one of them "
@@ -447,12 +464,7 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
       opt.ops = split_list(o->ops);
       const std::vector<GpuInfo> gpus = list_gpus();
       LOWBIT_USER_CHECK(!gpus.empty(), "bench ops needs a CUDA GPU; none was found");
-      std::ofstream f;
-      if (!o->json_out.empty()) {
-        f.open(o->json_out);
-        LOWBIT_USER_CHECK(f.good(), "--json-out: cannot write {}: {} (does its directory exist?)",
-                          o->json_out, std::strerror(errno));
-      }
+      JsonLinesOut json_out(o->json_out);
       std::printf("lowbit bench ops on %s\n", gpus[0].name.c_str());
       std::printf("%-6s %-26s %-30s %12s %27s\n", "preset", "op", "shape", "time",
                   "GB/s, % of copy | TFLOP/s");
@@ -465,27 +477,24 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
                         "run without --ops (e.g. \"rmsnorm fwd\", \"swiglu bwd\", \"attention\")",
                         o->ops);
       auto pos = [](double v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(); };
-      if (f.is_open()) {
-        for (const auto& r : rows) {
-          nlohmann::json j = {
-              {"bench", "ops"},
-              {"impl", "lowbit"},
-              {"op", r.op},
-              {"preset", r.preset},
-              {"shape", r.shape},
-              {"ms", r.error.empty() ? nlohmann::json(r.ms) : nlohmann::json()},
-              {"bytes", r.bytes > 0 ? nlohmann::json(r.bytes) : nlohmann::json()},
-              {"gbps", pos(r.gbps)},
-              {"frac_of_copy", pos(r.frac_of_copy)},
-              {"copy_gbps", pos(r.copy_gbps)},
-              {"flops", r.flops > 0 ? nlohmann::json(r.flops) : nlohmann::json()},
-              {"tflops", pos(r.tflops)},
-              {"iters", opt.iters},
-              {"device", gpus[0].name},
-              {"error", r.error.empty() ? nlohmann::json() : nlohmann::json(r.error)}};
-          f << j.dump() << "\n";
-        }
+      for (const auto& r : rows) {
+        json_out.add({{"bench", "ops"},
+                      {"impl", "lowbit"},
+                      {"op", r.op},
+                      {"preset", r.preset},
+                      {"shape", r.shape},
+                      {"ms", r.error.empty() ? nlohmann::json(r.ms) : nlohmann::json()},
+                      {"bytes", r.bytes > 0 ? nlohmann::json(r.bytes) : nlohmann::json()},
+                      {"gbps", pos(r.gbps)},
+                      {"frac_of_copy", pos(r.frac_of_copy)},
+                      {"copy_gbps", pos(r.copy_gbps)},
+                      {"flops", r.flops > 0 ? nlohmann::json(r.flops) : nlohmann::json()},
+                      {"tflops", pos(r.tflops)},
+                      {"iters", opt.iters},
+                      {"device", gpus[0].name},
+                      {"error", r.error.empty() ? nlohmann::json() : nlohmann::json(r.error)}});
       }
+      json_out.write();
       return 0;
     };
   });

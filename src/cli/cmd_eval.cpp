@@ -54,16 +54,17 @@ LoadedModel load(const std::string& ckpt, const std::string& tokenizer,
   }
   LoadedModel m{nullptr, nullptr, data::Tokenizer::load(find_tokenizer(ckpt, tokenizer))};
   m.ctx = std::make_unique<Context>(cpu ? Context(Device::cpu()) : Context::create_default());
-  const ModelConfig cfg = checkpoint_model_config(ckpt);
+  const CheckpointInfo info = read_checkpoint(ckpt);
+  const ModelConfig& cfg = info.model_config;
   if (cfg.vocab_size < m.tok.vocab_size()) {
     throw UserError(
         fmt::format("the tokenizer has {} tokens but the checkpoint's model only {}: "
                     "it was trained with another tokenizer",
                     m.tok.vocab_size(), cfg.vocab_size));
   }
-  const Recipe r = recipe_from_name(precision.empty() ? checkpoint_recipe(ckpt) : precision);
+  const Recipe r = recipe_from_name(precision.empty() ? info.state.recipe : precision);
   m.model = std::make_unique<LlamaModel>(cfg, resolve_precision(r, cfg), *m.ctx);
-  load_checkpoint(ckpt, *m.model, /*load_optimizer=*/false);
+  load_checkpoint(info, *m.model, /*load_optimizer=*/false);
   return m;
 }
 
@@ -151,7 +152,8 @@ void add_eval_command(CLI::App& app, CommandAction& action) {
       }
       LOWBIT_USER_CHECK(n > 0,
                         "{}: no scored tokens in the first {} (SFT records score their "
-                        "assistant replies only)",
+                        "assistant replies only): give records with replies, or a larger "
+                        "--max_tokens if they come later",
                         path, ids.size());
       const double mean = loss / double(n);
       std::printf("%s on %s: %lld tokens, loss %.4f nats/token, perplexity %.2f\n", o->ckpt.c_str(),

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -166,21 +168,33 @@ void add_train_command(CLI::App& app, CommandAction& action) {
          "--seq_len", o.seq_len,
          "Tokens per sequence (default 1024 on a GPU, 128 on the CPU; --resume: the run's)")
       ->check(integer_at_least(2));
-  cmd->add_option("--grad_accum_steps", o.grad_accum_steps, "Micro-batches per optimizer step")
-      ->capture_default_str();
+  // The optimizer flags a resume takes from the checkpoint unless they are given (by name in
+  // TrainOptions::explicit_settings, filled in once the command line is parsed).
+  std::vector<std::pair<CLI::Option*, const char*>> optimizer_flags;
+  optimizer_flags.emplace_back(
+      cmd->add_option("--grad_accum_steps", o.grad_accum_steps, "Micro-batches per optimizer step")
+          ->capture_default_str(),
+      "grad_accum_steps");
   cmd->add_option("--total_steps", o.total_steps,
                   "Optimizer steps (default 1000 on a GPU, 300 on the CPU; --resume: the run's)")
       ->check(integer_at_least(0));
   cmd->add_option("--warmup_steps", o.warmup_steps,
                   "Linear warm-up steps (default 5%; --resume: the run's)")
       ->check(integer_at_least(0));
-  cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
-  cmd->add_option("--min_lr_ratio", o.min_lr_ratio, "Cosine floor as a fraction of --lr")
-      ->capture_default_str();
-  cmd->add_option("--weight_decay", o.weight_decay, "AdamW decoupled weight decay")
-      ->capture_default_str();
-  cmd->add_option("--grad_clip", o.grad_clip, "Global gradient-norm clip (≤ 0: off)")
-      ->capture_default_str();
+  optimizer_flags.emplace_back(
+      cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str(), "lr");
+  optimizer_flags.emplace_back(
+      cmd->add_option("--min_lr_ratio", o.min_lr_ratio, "Cosine floor as a fraction of --lr")
+          ->capture_default_str(),
+      "min_lr_ratio");
+  optimizer_flags.emplace_back(
+      cmd->add_option("--weight_decay", o.weight_decay, "AdamW decoupled weight decay")
+          ->capture_default_str(),
+      "weight_decay");
+  optimizer_flags.emplace_back(
+      cmd->add_option("--grad_clip", o.grad_clip, "Global gradient-norm clip (≤ 0: off)")
+          ->capture_default_str(),
+      "grad_clip");
   cmd->add_flag("--activation_checkpointing", o.activation_checkpointing,
                 "Keep only block inputs; recompute in the backward");
   cmd->add_flag("--keep_quantized_inputs", o.keep_quantized_inputs,
@@ -210,7 +224,8 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_option("--resume", o.resume, "Checkpoint directory to continue from");
   cmd->add_flag("--overwrite_output_dir", o.overwrite_output_dir,
                 "Start a fresh run in an --out that holds a previous run (its checkpoint, metrics "
-                "and tokenizer are removed first)");
+                "and tokenizer.json are removed first; the tokenizer stays when --tokenizer names "
+                "it)");
   cmd->add_option("--init-from,--init_from", o.init_from,
                   "Checkpoint or Hugging Face model directory: weights only, step 0");
   cmd->add_option("--eval_every", o.eval_every, "Validation every N steps (0: off)")
@@ -241,10 +256,14 @@ void add_train_command(CLI::App& app, CommandAction& action) {
       ->capture_default_str();
   cmd->add_flag("--cpu", o.force_cpu, "Train on the CPU even when a GPU is present");
   cmd->footer(
-      "--resume continues a run exactly: the flags it leaves at their defaults (batch shape,\n"
+      "--resume continues a run exactly: the flags not given on its command line (batch shape,\n"
       "schedule, --grad_accum_steps, --lr, --min_lr_ratio, --weight_decay, --grad_clip) take the\n"
-      "run's values from its checkpoint; docs/training.md.");
-  cmd->callback([flags, &action]() {
+      "run's values from its checkpoint, and those given win even when equal to the defaults;\n"
+      "docs/training.md.");
+  cmd->callback([flags, optimizer_flags, &action]() {
+    for (const auto& [option, key] : optimizer_flags) {
+      if (option->count() > 0) flags->opt.explicit_settings.insert(key);
+    }
     action = [flags]() {
       resolve_recipe_flags(*flags);
       const TrainResult r = train(flags->opt);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 
 #include <CLI/CLI.hpp>
 
@@ -27,9 +28,14 @@ void add_generate_command(CLI::App& app, CommandAction& action);
 CLI::Validator recompute_setting_validator();
 
 // Ranges of numeric flags, checked at parse time on the value given (an option's own default —
-// often -1 for "the trainer decides" — is not a given value): an integer ≥ lo; a finite number
-// in [lo, hi] (NaN and infinities are refused, which CLI::Range lets through).
-CLI::Validator integer_at_least(int64_t lo);
+// often -1 for "the trainer decides" — is not a given value): an integer in [lo, hi] or ≥ lo;
+// a finite number in [lo, hi] (NaN and infinities are refused, which CLI::Range lets through).
+// Every integer flag uses integer_in rather than CLI::Range, whose one message ("Value 1.5 not
+// in range 1 to 10000") does not say which of the text, the bound or the size was wrong.
+CLI::Validator integer_in(int64_t lo, int64_t hi);
+inline CLI::Validator integer_at_least(int64_t lo) {
+  return integer_in(lo, std::numeric_limits<int64_t>::max());
+}
 CLI::Validator finite_in(double lo, double hi);
 
 }  // namespace lowbit::cli

@@ -10,9 +10,12 @@
 
 namespace lowbit::cli {
 
-CLI::Validator integer_at_least(int64_t lo) {
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  const std::string description = hi == std::numeric_limits<int64_t>::max()
+                                      ? fmt::format("INT ≥ {}", lo)
+                                      : fmt::format("INT in [{}, {}]", lo, hi);
   return CLI::Validator(
-      [lo](std::string& s) -> std::string {
+      [lo, hi](std::string& s) -> std::string {
         // Base 0, as CLI11 converts the value it stores (0x10 is 16, 010 is 8).
         char* end = nullptr;
         errno = 0;
@@ -20,11 +23,14 @@ CLI::Validator integer_at_least(int64_t lo) {
         if (s.empty() || end == s.c_str() || *end != '\0') {
           return fmt::format("'{}' is not an integer", s);
         }
-        if (errno == ERANGE) return fmt::format("{} is out of range", s);
-        if (v < lo) return fmt::format("{} is below the smallest allowed value, {}", v, lo);
+        // Past the 64-bit range strtoll saturates (ERANGE): the sign says which bound it passes.
+        const bool too_low = errno == ERANGE ? v < 0 : v < lo;
+        const bool too_high = errno == ERANGE ? v > 0 : v > hi;
+        if (too_low) return fmt::format("{} is below the smallest allowed value, {}", s, lo);
+        if (too_high) return fmt::format("{} is above the largest allowed value, {}", s, hi);
         return std::string();
       },
-      fmt::format("INT ≥ {}", lo));
+      description);
 }
 
 CLI::Validator finite_in(double lo, double hi) {

@@ -29,6 +29,7 @@
 #include "lowbit/data/safetensors.h"
 #include "lowbit/formats.h"
 #include "lowbit/recipe.h"
+#include "train/checkpoint_parsed.h"
 
 namespace lowbit {
 
@@ -977,37 +978,50 @@ bool is_checkpoint_dir(const std::string& dir) {
   return fs::is_regular_file(normalize_dir(dir, "checkpoint") + "/" + kCheckpointTrainerFile, ec);
 }
 
-std::string checkpoint_recipe(const std::string& dir) {
-  return read_trainer_json(normalize_dir(dir, "checkpoint"))["recipe"].get<std::string>();
-}
-
-std::string checkpoint_train_config(const std::string& dir) {
-  const ojson t = read_trainer_json(normalize_dir(dir, "checkpoint"));
-  return t.contains("train_config") && t["train_config"].is_object() ? t["train_config"].dump()
-                                                                     : std::string();
-}
-
-ModelConfig checkpoint_model_config(const std::string& dir) {
-  const std::string d = normalize_dir(dir, "checkpoint");
-  const ojson t = read_trainer_json(d);
-  return model_config_from_json(t["model_config"].dump(), ModelConfig{}, d + "/trainer.json");
+CheckpointInfo read_checkpoint(const std::string& dir) {
+  CheckpointInfo info;
+  info.dir = normalize_dir(dir, "checkpoint");
+  info.trainer_path = info.dir + "/" + kCheckpointTrainerFile;
+  auto parsed = std::make_shared<CheckpointInfo::Parsed>();
+  parsed->trainer = read_trainer_json(info.dir);
+  const ojson& t = parsed->trainer;
+  info.model_config =
+      model_config_from_json(t["model_config"].dump(), ModelConfig{}, info.trainer_path);
+  CheckpointState& st = info.state;
+  st.recipe = t["recipe"].get<std::string>();
+  st.step = t["step"].get<int64_t>();
+  st.tokens = t["tokens"].get<int64_t>();
+  st.rng_seed = t["rng"]["seed"].get<uint64_t>();
+  st.rng_offset = t["rng"]["offset"].get<uint64_t>();
+  const auto opaque = [&](const char* key) {
+    return t.contains(key) && !t[key].is_null() ? t[key].dump() : std::string();
+  };
+  st.data_state_json = opaque("data_state");
+  st.train_config_json = opaque("train_config");
+  st.lowbit_version = json_string_or(t, "lowbit_version", "");
+  info.parsed = std::move(parsed);
+  return info;
 }
 
 CheckpointState load_checkpoint(const std::string& dir, LlamaModel& model, bool load_optimizer) {
-  const std::string d = normalize_dir(dir, "checkpoint");
-  const ojson t = read_trainer_json(d);
-  const ModelConfig ck =
-      model_config_from_json(t["model_config"].dump(), ModelConfig{}, d + "/trainer.json");
-  CheckpointState st;
+  return load_checkpoint(read_checkpoint(dir), model, load_optimizer);
+}
+
+CheckpointState load_checkpoint(const CheckpointInfo& info, LlamaModel& model,
+                                bool load_optimizer) {
+  LOWBIT_CHECK(info.parsed != nullptr, "load_checkpoint: the CheckpointInfo of {} was not read",
+               info.dir);
+  const std::string& d = info.dir;
+  const ojson& t = info.parsed->trainer;
+  CheckpointState st = info.state;
   std::string seq_note;
   const std::vector<std::string> diffs =
-      config_differences(ck, model.config(), "checkpoint", &seq_note);
+      config_differences(info.model_config, model.config(), "checkpoint", &seq_note);
   LOWBIT_USER_CHECK(diffs.empty(),
                     "checkpoint '{}' was written for another model: {}; build the model from "
                     "the checkpoint's config ({}/config.json) to load it",
                     d, join(diffs, "; "), d);
   if (!seq_note.empty()) st.notes.push_back(seq_note);
-  st.recipe = t["recipe"].get<std::string>();
   const std::string model_recipe = recipe_name(model.plan().recipe);
   if (st.recipe != model_recipe) {
     st.notes.push_back(fmt::format(
@@ -1093,17 +1107,6 @@ CheckpointState load_checkpoint(const std::string& dir, LlamaModel& model, bool 
     fill_bytes(arena.v_all, 0);
   }
   model.sync_compute_weights();
-
-  st.step = t["step"].get<int64_t>();
-  st.tokens = t["tokens"].get<int64_t>();
-  st.rng_seed = t["rng"]["seed"].get<uint64_t>();
-  st.rng_offset = t["rng"]["offset"].get<uint64_t>();
-  const auto opaque = [&](const char* key) {
-    return t.contains(key) && !t[key].is_null() ? t[key].dump() : std::string();
-  };
-  st.data_state_json = opaque("data_state");
-  st.train_config_json = opaque("train_config");
-  st.lowbit_version = json_string_or(t, "lowbit_version", "");
   return st;
 }
 

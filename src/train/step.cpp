@@ -1,7 +1,6 @@
 // One optimizer step (see step.h).
 #include "lowbit/train/step.h"
 
-#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -31,8 +30,9 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
     return out;
   }
   // Every token's loss gradient is scaled by 1 / (valid targets of the whole step), so the
-  // micro-batches add up to the gradient of the step's mean loss.
-  const float grad_scale = 1.0f / float(std::max<int64_t>(out.valid, 1));
+  // micro-batches add up to the gradient of the step's mean loss (valid > 0: a step without
+  // targets returned above).
+  const float grad_scale = 1.0f / float(out.valid);
   // The first micro-batch's wgrad GEMMs write the linears' gradients outright (beta 0): only
   // the others (embedding, norms) are zeroed here.
   model_.zero_grads(/*except_overwritten=*/!micro.empty());
@@ -81,11 +81,10 @@ StepOutcome StepRunner::step(const std::vector<MicroBatch>& micro, int B, int T,
     stats[i].add_losses(losses[i].data(), target_ids[i], stats[i].losses.numel());
     loss_sum += stats[i].loss_sum;
   }
-  out.loss = loss_sum / double(std::max<int64_t>(out.valid, 1));
+  out.loss = loss_sum / double(out.valid);
   out.grad_norm = norm;
   // Skipped is what the guard did (AdamW's step count must follow the updates applied).
   out.skipped = skip != 0;
-  out.loss_non_finite = !std::isfinite(out.loss);
   if (out.skipped) {
     const Tensor sh = Tensor::copy_of(seg_norms_, Device::cpu());
     for (size_t i = 0; i < segs.size(); ++i) {

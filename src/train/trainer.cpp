@@ -3,21 +3,23 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <type_traits>
+#include <optional>
 #include <utility>
 
-#include "core/json_read.h"
 #include "lowbit/core/sysinfo.h"
 #include "lowbit/train.h"
 #include "lowbit/train/checkpoint.h"
 #include "lowbit/train/metrics.h"
 #include "lowbit/train/schedule.h"
 #include "lowbit/train/step.h"
+#include "train/checkpoint_parsed.h"
 #include "train/train_data.h"
 
 namespace lowbit {
@@ -83,10 +85,13 @@ void check_options(const TrainOptions& o) {
     bad(fmt::format("--val_fraction must be in [0, 0.5) (got {})", o.val_fraction));
   }
   if (o.eval_batches < 1) bad("--eval_batches must be ≥ 1");
-  if (!o.resume.empty() && !o.init_from.empty()) {
-    bad("--resume and --init-from exclude each other: --resume continues a run (optimizer and "
-        "data position included), --init-from starts a new run from its weights");
-  }
+}
+
+void check_exclusive_starts(const TrainOptions& o) {
+  LOWBIT_USER_CHECK(o.resume.empty() || o.init_from.empty(),
+                    "--resume and --init-from exclude each other: --resume continues a run "
+                    "(optimizer and data position included), --init-from starts a new run from "
+                    "its weights");
 }
 
 ModelConfig build_model_config(const TrainOptions& o, int64_t vocab, bool on_gpu) {
@@ -190,55 +195,146 @@ struct Sampler {
   }
 };
 
-// The optimizer settings a checkpoint records and a resume takes back while the flags leave
-// them at their defaults (train_config in trainer.json; the keys name the options).
-constexpr std::pair<const char*, float TrainOptions::*> kOptimizerSettings[] = {
-    {"lr", &TrainOptions::lr},
-    {"min_lr_ratio", &TrainOptions::min_lr_ratio},
-    {"weight_decay", &TrainOptions::weight_decay},
-    {"grad_clip", &TrainOptions::grad_clip},
-    {"beta1", &TrainOptions::beta1},
-    {"beta2", &TrainOptions::beta2},
-    {"adam_eps", &TrainOptions::adam_eps}};
+// The optimizer settings a checkpoint records and a resume takes back unless they are given
+// explicitly (train_config in trainer.json; the keys name the options), with the range a stored
+// value must lie in (check_options' range of the flag).
+struct OptimizerSetting {
+  const char* key;
+  float TrainOptions::*member;
+  bool (*in_range)(double);
+  const char* range;  // in_range in words: "the value is not <range>"
+};
+constexpr OptimizerSetting kOptimizerSettings[] = {
+    {"lr", &TrainOptions::lr, [](double v) { return v > 0; }, "> 0"},
+    {"min_lr_ratio", &TrainOptions::min_lr_ratio, [](double v) { return v >= 0 && v <= 1; },
+     "in [0, 1]"},
+    {"weight_decay", &TrainOptions::weight_decay, [](double v) { return v >= 0; }, "≥ 0"},
+    {"grad_clip", &TrainOptions::grad_clip, [](double) { return true; }, "any"},
+    {"beta1", &TrainOptions::beta1, [](double v) { return v >= 0 && v < 1; }, "in [0, 1)"},
+    {"beta2", &TrainOptions::beta2, [](double v) { return v >= 0 && v < 1; }, "in [0, 1)"},
+    {"adam_eps", &TrainOptions::adam_eps, [](double v) { return v >= 0; }, "≥ 0"}};
+constexpr size_t kNumOptimizerSettings = std::size(kOptimizerSettings);
+
+// What a checkpoint's train_config records of its run, every value checked against its range:
+// a damaged trainer.json is reported with the file and field, not as a flag the user never gave
+// (a value cast to int unchecked would be). Fields it lacks stay unset.
+struct StoredRun {
+  std::optional<int64_t> batch_size, seq_len, grad_accum_steps, total_steps, warmup_steps;
+  int64_t skipped_steps = 0;
+  std::array<std::optional<float>, kNumOptimizerSettings> optimizer;
+};
+
+StoredRun read_stored_run(const CheckpointInfo& ck) {
+  const nlohmann::ordered_json& t = ck.parsed->trainer;
+  StoredRun r;
+  if (!t.contains("train_config") || t["train_config"].is_null()) return r;
+  const nlohmann::ordered_json& tc = t["train_config"];
+  auto damaged = [&](const std::string& field, const std::string& what) {
+    return UserError(fmt::format(
+        "{}: {} {}; the checkpoint is damaged: resume from another checkpoint, or repair the "
+        "value",
+        ck.trainer_path, field, what));
+  };
+  if (!tc.is_object()) throw damaged("train_config", "is not an object");
+  auto integer = [&](const char* key, int64_t lo, int64_t hi) -> std::optional<int64_t> {
+    const auto it = tc.find(key);
+    if (it == tc.end()) return std::nullopt;
+    const std::string field = fmt::format("train_config.{}", key);
+    if (!it->is_number_integer()) {
+      throw damaged(field, fmt::format("is {}, not an integer", it->dump()));
+    }
+    const bool fits = !it->is_number_unsigned() ||
+                      it->get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max());
+    const int64_t v = fits ? it->get<int64_t>() : std::numeric_limits<int64_t>::max();
+    if (!fits || v < lo || v > hi) {
+      throw damaged(field, fmt::format("is {}, outside [{}, {}]", it->dump(), lo, hi));
+    }
+    return v;
+  };
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+  r.batch_size = integer("batch_size", 1, kIntMax);
+  r.seq_len = integer("seq_len", 2, kIntMax);
+  r.grad_accum_steps = integer("grad_accum_steps", 1, kIntMax);
+  r.total_steps = integer("total_steps", 0, kInt64Max);
+  r.warmup_steps = integer("warmup_steps", 0, kInt64Max);
+  r.skipped_steps = integer("skipped_steps", 0, kInt64Max).value_or(0);
+  for (size_t i = 0; i < kNumOptimizerSettings; ++i) {
+    const OptimizerSetting& s = kOptimizerSettings[i];
+    const auto it = tc.find(s.key);
+    if (it == tc.end()) continue;
+    const std::string field = fmt::format("train_config.{}", s.key);
+    if (!it->is_number()) throw damaged(field, fmt::format("is {}, not a number", it->dump()));
+    const double v = it->get<double>();
+    if (!(std::abs(v) <= std::numeric_limits<float>::max())) {
+      throw damaged(field, fmt::format("is {}, beyond the range of a float", it->dump()));
+    }
+    if (!s.in_range(v)) throw damaged(field, fmt::format("is {}, not {}", it->dump(), s.range));
+    r.optimizer[i] = static_cast<float>(v);
+  }
+  return r;
+}
+
+// A resume must have a step left to train: --stop_at_step after the checkpoint's step, and the
+// checkpoint short of --total_steps.
+void check_steps_left(const TrainOptions& opt, int64_t ckpt_step) {
+  LOWBIT_USER_CHECK(opt.stop_at_step == 0 || opt.stop_at_step > ckpt_step,
+                    "{}: --stop_at_step {} is not after the checkpoint's step {}: nothing to "
+                    "train",
+                    opt.resume, opt.stop_at_step, ckpt_step);
+  LOWBIT_USER_CHECK(opt.total_steps == 0 || ckpt_step < opt.total_steps,
+                    "{}: the checkpoint is at step {}, which already reaches --total_steps {}: "
+                    "nothing to train; give a larger --total_steps to continue the run",
+                    opt.resume, ckpt_step, opt.total_steps);
+}
+
+// Takes the run's settings from its checkpoint where the options leave them to it: the batch
+// shape and schedule when unset (not the device defaults, which may differ from the run's), the
+// optimizer settings unless given explicitly (both values are printed when they differ).
+void apply_stored_run(TrainOptions& opt, const StoredRun& run) {
+  if (opt.batch_size < 0 && run.batch_size) opt.batch_size = static_cast<int>(*run.batch_size);
+  if (opt.seq_len < 0 && run.seq_len) opt.seq_len = static_cast<int>(*run.seq_len);
+  if (opt.total_steps < 0 && run.total_steps) opt.total_steps = *run.total_steps;
+  if (opt.warmup_steps < 0 && run.warmup_steps) opt.warmup_steps = *run.warmup_steps;
+  auto take = [&](auto& field, auto stored, const char* key) {
+    if (field == stored) return;
+    if (opt.explicit_settings.count(key) > 0) {
+      std::printf("resume: %s %g (the checkpoint's run used %g)\n", key, double(field),
+                  double(stored));
+    } else {
+      field = stored;
+      std::printf("resume: %s %g from the checkpoint\n", key, double(stored));
+    }
+  };
+  if (run.grad_accum_steps) {
+    take(opt.grad_accum_steps, static_cast<int>(*run.grad_accum_steps), "grad_accum_steps");
+  }
+  for (size_t i = 0; i < kNumOptimizerSettings; ++i) {
+    const OptimizerSetting& s = kOptimizerSettings[i];
+    if (run.optimizer[i]) take(opt.*s.member, *run.optimizer[i], s.key);
+  }
+}
 }  // namespace
 
 TrainResult train(const TrainOptions& options) {
   const auto t_start = Clock::now();
   Context ctx = options.force_cpu ? Context(Device::cpu()) : Context::create_default();
   TrainOptions opt = options;
+  check_exclusive_starts(opt);
+  // The checkpoint of a resume is read once, first: its settings fill in the options, and a
+  // resume with nothing to train fails before anything in --out is touched.
+  std::optional<CheckpointInfo> ckpt;
+  StoredRun stored;
   if (!opt.resume.empty()) {
-    // A resumed run keeps its own schedule and batch shape: what the flags leave unset comes
-    // from the checkpoint (not from the device defaults, which may differ from the run's).
-    const nlohmann::json tc =
-        nlohmann::json::parse(checkpoint_train_config(opt.resume), nullptr, false);
-    if (opt.batch_size < 0) opt.batch_size = static_cast<int>(json_int_or(tc, "batch_size", -1));
-    if (opt.seq_len < 0) opt.seq_len = static_cast<int>(json_int_or(tc, "seq_len", -1));
-    if (opt.total_steps < 0) opt.total_steps = json_int_or(tc, "total_steps", -1);
-    if (opt.warmup_steps < 0) opt.warmup_steps = json_int_or(tc, "warmup_steps", -1);
-    // The optimizer settings: a value still at its default takes the checkpoint's (the run's
-    // own); one set to something else overrides it, and both are said.
-    const TrainOptions def;
-    auto keep = [&](auto& field, auto def_value, const char* key) {
-      using T = std::decay_t<decltype(field)>;
-      if (!tc.is_object() || !tc.contains(key) || !tc[key].is_number()) return;
-      const T stored = static_cast<T>(tc[key].get<double>());
-      if (field == def_value && stored != def_value) {
-        field = stored;
-        std::printf("resume: %s %g from the checkpoint\n", key, double(stored));
-      } else if (field != stored) {
-        std::printf("resume: %s %g (the checkpoint's run used %g)\n", key, double(field),
-                    double(stored));
-      }
-    };
-    keep(opt.grad_accum_steps, def.grad_accum_steps, "grad_accum_steps");
-    for (const auto& [key, member] : kOptimizerSettings) {
-      keep(opt.*member, def.*member, key);
-    }
+    ckpt = read_checkpoint(opt.resume);
+    stored = read_stored_run(*ckpt);
+    apply_stored_run(opt, stored);
   }
   if (opt.batch_size < 0) opt.batch_size = ctx.on_gpu() ? 16 : 8;
   if (opt.seq_len < 0) opt.seq_len = ctx.on_gpu() ? 1024 : 128;
   if (opt.total_steps < 0) opt.total_steps = ctx.on_gpu() ? 1000 : 300;
   check_options(opt);
+  if (ckpt) check_steps_left(opt, ckpt->state.step);
   ctx.set_seed(opt.seed);
   std::vector<GpuInfo> gpus = ctx.on_gpu() ? list_gpus() : std::vector<GpuInfo>();
   const GpuInfo* gpu = ctx.on_gpu() && !gpus.empty() ? &gpus[ctx.device().index] : nullptr;
@@ -250,8 +346,9 @@ TrainResult train(const TrainOptions& options) {
   {
     // A run into a directory that holds another run (any but the one it resumes) would replace
     // that run's checkpoint and truncate its metrics: only with --overwrite_output_dir, which
-    // then clears them (and the run's tokenizer, retrained for this run's data and vocabulary)
-    // before anything else.
+    // then clears them before anything else, and the run's tokenizer (which this run would
+    // otherwise reuse instead of training one on its own data) unless --tokenizer names that
+    // very file: the new run needs it then.
     namespace fs = std::filesystem;
     std::error_code ec;
     const bool resumes_here = !opt.resume.empty() && fs::equivalent(opt.resume, ckpt_dir, ec);
@@ -281,22 +378,20 @@ TrainResult train(const TrainOptions& options) {
       };
       remove(ckpt_dir, true);
       remove(metrics_path, false);
-      if (opt.tokenizer.empty() || !fs::equivalent(opt.tokenizer, run_tok, ec)) {
-        remove(run_tok, false);
-      }
-      std::printf(
-          "--overwrite_output_dir: the previous run's checkpoint, metrics and tokenizer "
-          "in %s are removed\n",
-          opt.out_dir.c_str());
+      const bool keep_tok = !opt.tokenizer.empty() && fs::equivalent(opt.tokenizer, run_tok, ec);
+      if (!keep_tok) remove(run_tok, false);
+      std::printf("--overwrite_output_dir: the previous run's %s in %s are removed%s\n",
+                  keep_tok ? "checkpoint and metrics" : "checkpoint, metrics and tokenizer",
+                  opt.out_dir.c_str(),
+                  keep_tok ? "; its tokenizer is kept (--tokenizer names it)" : "");
     }
   }
 
   // ---- data ----
   train_detail::TrainData data = train_detail::open_train_data(opt);
   // A resumed run continues the checkpoint's model (its shape flags need not be repeated).
-  const ModelConfig mcfg = opt.resume.empty()
-                               ? build_model_config(opt, data.vocab_size(), ctx.on_gpu())
-                               : checkpoint_model_config(opt.resume);
+  const ModelConfig mcfg =
+      ckpt ? ckpt->model_config : build_model_config(opt, data.vocab_size(), ctx.on_gpu());
   if (mcfg.vocab_size < data.vocab_size()) {
     throw UserError(
         fmt::format("the model's vocabulary ({}) is smaller than the data's ({}): the "
@@ -330,24 +425,13 @@ TrainResult train(const TrainOptions& options) {
   int64_t start_step = 0;
   int64_t tokens_seen = 0;
   int64_t skipped = 0;  // non-finite steps skipped so far (AdamW counts applied updates only)
-  if (!opt.resume.empty()) {
-    const std::string prev = checkpoint_recipe(opt.resume);
-    const CheckpointState st = load_checkpoint(opt.resume, model, /*load_optimizer=*/true);
+  if (ckpt) {
+    const std::string& prev = ckpt->state.recipe;
+    const CheckpointState st = load_checkpoint(*ckpt, model, /*load_optimizer=*/true);
     start_step = st.step;
-    LOWBIT_USER_CHECK(opt.stop_at_step == 0 || opt.stop_at_step > start_step,
-                      "{}: --stop_at_step {} is not after the checkpoint's step {}: nothing to "
-                      "train",
-                      opt.resume, opt.stop_at_step, start_step);
-    LOWBIT_USER_CHECK(opt.total_steps == 0 || start_step < opt.total_steps,
-                      "{}: the checkpoint is at step {}, which already reaches --total_steps {}: "
-                      "nothing to train; give a larger --total_steps to continue the run",
-                      opt.resume, start_step, opt.total_steps);
     tokens_seen = st.tokens;
     data.restore(st.data_state_json);
-    if (!st.train_config_json.empty()) {
-      const nlohmann::json tc = nlohmann::json::parse(st.train_config_json, nullptr, false);
-      skipped = json_int_or(tc, "skipped_steps", 0);
-    }
+    skipped = stored.skipped_steps;
     ctx.set_seed(st.rng_seed);
     ctx.set_rng_offset(st.rng_offset);
     for (const std::string& note : st.notes) std::printf("resume: %s\n", note.c_str());
@@ -407,7 +491,7 @@ TrainResult train(const TrainOptions& options) {
     tc["grad_accum_steps"] = opt.grad_accum_steps;
     tc["total_steps"] = opt.total_steps;
     tc["warmup_steps"] = sched.warmup_steps;
-    for (const auto& [key, member] : kOptimizerSettings) tc[key] = opt.*member;
+    for (const OptimizerSetting& s : kOptimizerSettings) tc[s.key] = opt.*s.member;
     tc["seed"] = opt.seed;
     st.train_config_json = tc.dump();
     st.rng_seed = ctx.seed();
@@ -470,7 +554,7 @@ TrainResult train(const TrainOptions& options) {
           static_cast<long long>(step + 1),
           so.non_finite.empty() ? "the global norm overflowed" : so.non_finite.c_str(),
           static_cast<long long>(skipped));
-    } else if (so.loss_non_finite) {
+    } else if (so.loss_non_finite()) {
       std::printf(
           "step %lld: the loss is not finite but the gradients are: the update was applied\n",
           static_cast<long long>(step + 1));

@@ -270,6 +270,23 @@ run 2 train --cpu --total_steps -5
 grep -q -- "--total_steps: -5 is below" "$tmp/err" || fail "total_steps -5: not refused clearly"
 run 2 train --cpu --time_limit_minutes inf
 grep -q -- "--time_limit_minutes" "$tmp/err" || fail "time_limit_minutes inf: the flag is not named"
+# Integer flags: text that is no integer, and values past the 64-bit range (strtoll's ERANGE),
+# are named as such; so are the upper bounds of the bench flags.
+for v in abc 1.5 ""; do
+  run 2 train --cpu --batch_size "$v"
+  grep -q -- "--batch_size: '$v' is not an integer" "$tmp/err" || fail "batch_size '$v': unclear"
+done
+run 2 train --cpu --total_steps 99999999999999999999
+grep -q -- "--total_steps: 99999999999999999999 is above the largest allowed value, 9223372036854775807" \
+  "$tmp/err" || fail "total_steps 99999999999999999999: not refused clearly"
+run 2 train --cpu --total_steps -99999999999999999999
+grep -q -- "--total_steps: -99999999999999999999 is below the smallest allowed value, 0" "$tmp/err" ||
+  fail "total_steps -99999999999999999999: not refused clearly"
+run 2 bench gemm --iters 10001
+grep -q -- "--iters: 10001 is above the largest allowed value, 10000" "$tmp/err" ||
+  fail "bench gemm --iters 10001: not refused clearly"
+run 2 bench quant --iters x
+grep -q -- "--iters: 'x' is not an integer" "$tmp/err" || fail "bench quant --iters x: unclear"
 run 2 train --cpu --n_layers 100000000 --total_steps 1 --out "$tmp/huge"
 grep -q "n_layers 100000000 is above the limit" "$tmp/err" || fail "n_layers 1e8: no clear limit"
 run 2 eval "$tmp/no-checkpoint"
@@ -305,6 +322,13 @@ grep -q "perplexity" "$tmp/out" || fail "eval: no perplexity printed"
 printf '{"text": "In the beginning was the word."}\n{"messages": 5}\n' >"$tmp/bad.jsonl"
 run 2 eval "$tmp/run/checkpoint" --cpu --data "$tmp/bad.jsonl" --seq_len 8
 grep -q "bad.jsonl:2" "$tmp/err" || fail "eval of a bad JSONL record: the line is not named"
+# Chat records without an assistant reply: no token is scored, which is an error, not a NaN.
+for i in 1 2 3 4; do
+  printf '{"messages": [{"role": "user", "content": "In the beginning was the word %s"}]}\n' "$i"
+done >"$tmp/unscored.jsonl"
+run 2 eval "$tmp/run/checkpoint" --cpu --data "$tmp/unscored.jsonl" --seq_len 8
+grep -q "unscored.jsonl: no scored tokens in the first" "$tmp/err" ||
+  fail "eval of records without replies: no 'no scored tokens' error"
 run 0 generate "$tmp/run/checkpoint" --cpu --prompt "In the" --max_tokens 5
 grep -q "tokens/s (KV cache" "$tmp/err" || fail "generate: no tokens/s line for the KV cache"
 grep -q "^In the" "$tmp/out" || fail "generate: the prompt is not echoed on stdout"
@@ -329,6 +353,39 @@ grep -q -- "--max_tokens" "$tmp/err" || fail "generate --max_tokens -1: the flag
 run 0 train --cpu --data "$tmp/corpus.txt" --n_layers 2 --batch_size 2 --seq_len 32 \
   --total_steps 5 --out "$tmp/run" --resume "$tmp/run/checkpoint" --sample_tokens 0
 grep -q "resumed from" "$tmp/out" || fail "train --resume: no resume line"
+# A resume keeps an optimizer flag given on its command line, even one equal to the default
+# (0.001), and takes the checkpoint's value for one not given.
+run 0 train --cpu --data "$tmp/corpus.txt" --vocab_size 300 --n_layers 1 --batch_size 2 \
+  --seq_len 32 --total_steps 4 --stop_at_step 2 --lr 0.002 --grad_clip 0.5 --eval_every 0 \
+  --sample_tokens 0 --out "$tmp/run6"
+run 0 train --cpu --data "$tmp/corpus.txt" --resume "$tmp/run6/checkpoint" --out "$tmp/run6" \
+  --lr 0.001 --sample_tokens 0
+grep -q "resume: lr 0.001 (the checkpoint's run used 0.002)" "$tmp/out" ||
+  fail "resume --lr 0.001 (the default): the checkpoint's lr was taken instead"
+grep -q "resume: grad_clip 0.5 from the checkpoint" "$tmp/out" ||
+  fail "resume without --grad_clip: the checkpoint's grad_clip was not taken"
+# --overwrite_output_dir keeps the run's tokenizer when --tokenizer names it (and says so).
+run 0 train --cpu --data "$tmp/corpus.txt" --tokenizer "$tmp/run6/tokenizer.json" --n_layers 1 \
+  --batch_size 2 --seq_len 32 --total_steps 1 --eval_every 0 --sample_tokens 0 --out "$tmp/run6" \
+  --overwrite_output_dir
+grep -q "its tokenizer is kept (--tokenizer names it)" "$tmp/out" ||
+  fail "--overwrite_output_dir with the run's --tokenizer: not said that it is kept"
+[[ -s $tmp/run6/tokenizer.json ]] || fail "--overwrite_output_dir removed the --tokenizer in use"
+
+# bench train runs on the CPU: its --json-out is written whole (a temporary file renamed onto it),
+# and a directory that does not exist is refused before anything is measured.
+run 2 bench train --presets tiny --recipes bf16 --steps 1 --warmup 1 --json-out "$tmp/no/t.jsonl"
+grep -q -- "--json-out $tmp/no/t.jsonl: $tmp/no is not a writable directory" "$tmp/err" ||
+  fail "bench train --json-out into a missing directory: unclear error"
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  run 0 bench train --presets tiny --recipes bf16 --steps 1 --warmup 1 --json-out "$tmp/t.jsonl"
+  python3 - "$tmp/t.jsonl" <<'EOF' || fail "bench train --json-out: not one JSON row"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 1 and rows[0]["bench"] == "train" and rows[0]["preset"] == "tiny", rows
+EOF
+  if ls "$tmp" | grep -q "t.jsonl.tmp-"; then fail "bench train left a temporary file behind"; fi
+fi
 
 run 0 train --cpu --precision nvfp4 --data "$tmp/corpus.txt" --vocab_size 300 --n_layers 1 \
   --batch_size 2 --seq_len 32 --total_steps 2 --eval_every 0 --sample_tokens 0 --out "$tmp/run4"

@@ -200,7 +200,7 @@ TEST_F(CheckpointTest, RoundTripIsBitExact) {
   const std::string dir = path("ckpt");
   save_checkpoint(dir, *a.model, sample_state());
   EXPECT_TRUE(is_checkpoint_dir(dir));
-  EXPECT_EQ(checkpoint_recipe(dir), "fp8");
+  EXPECT_EQ(read_checkpoint(dir).state.recipe, "fp8");
 
   TestModel b(tiny_config(), Recipe::kFP8);
   const CheckpointState st = load_checkpoint(dir, *b.model, /*load_optimizer=*/true);
@@ -471,7 +471,7 @@ TEST_F(CheckpointTest, OtherModelConfigIsRefused) {
   EXPECT_HAS(msg, "n_layers 2 in the checkpoint, 3 in the model");
   EXPECT_HAS(msg, "ffn_hidden");
   EXPECT_HAS(msg, "config.json");
-  EXPECT_EQ(checkpoint_model_config(dir).to_json(), a.model->config().to_json());
+  EXPECT_EQ(read_checkpoint(dir).model_config.to_json(), a.model->config().to_json());
 
   // A longer context loads, with a note.
   c = tiny_config();

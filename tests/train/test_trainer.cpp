@@ -234,6 +234,44 @@ TEST(TrainResume, ResumeWithoutTheFlagsContinuesTheRun) {
             file_bytes(first.out_dir + "/checkpoint/optimizer.safetensors"));
 }
 
+// The learning rate metrics.jsonl records for `step`.
+double lr_at_step(const std::string& metrics_path, int64_t step) {
+  std::ifstream in(metrics_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json m = nlohmann::json::parse(line);
+    if (m["step"].get<int64_t>() == step) return m["lr"].get<double>();
+  }
+  ADD_FAILURE() << metrics_path << " has no step " << step;
+  return -1;
+}
+
+// A resume keeps the optimizer settings given explicitly, even one equal to the default, and
+// takes the others from the checkpoint.
+TEST(TrainResume, AnExplicitSettingEqualToTheDefaultWins) {
+  TrainOptions first = small_run(test_dir("explicit_first"));
+  first.recipe = Recipe::kBF16;
+  first.total_steps = 4;
+  first.stop_at_step = 2;
+  first.lr = 2 * TrainOptions{}.lr;  // the run's own lr, not the default
+  EXPECT_EQ(train(first).steps_done, 2);
+  TrainOptions resumed = first;  // each resume writes to a directory of its own
+  resumed.stop_at_step = 0;
+  resumed.resume = first.out_dir + "/checkpoint";
+  resumed.lr = TrainOptions{}.lr;
+  resumed.out_dir = test_dir("explicit_not_given");
+  EXPECT_EQ(train(resumed).steps_done, 2);
+  const double lr_ckpt = lr_at_step(resumed.out_dir + "/metrics.jsonl", 3);
+  resumed.explicit_settings = {"lr"};
+  resumed.out_dir = test_dir("explicit_given");
+  EXPECT_EQ(train(resumed).steps_done, 2);
+  const double lr_given = lr_at_step(resumed.out_dir + "/metrics.jsonl", 3);
+  // Step 3 is the first after the 2-step warm-up: it runs at the peak rate, the checkpoint's
+  // when --lr is not given, the given one (the default) when it is.
+  EXPECT_FLOAT_EQ(lr_ckpt, first.lr);
+  EXPECT_FLOAT_EQ(lr_given, TrainOptions{}.lr);
+}
+
 // A step none of whose targets carries loss (all masked) applies no update — no weight decay, no
 // moment decay — and says so, instead of a loss of 0 and a decayed model.
 TEST(TrainStep, AllTargetsMaskedIsNoUpdate) {
@@ -260,6 +298,7 @@ TEST(TrainStep, AllTargetsMaskedIsNoUpdate) {
   EXPECT_TRUE(so.no_targets);
   EXPECT_TRUE(so.skipped);
   EXPECT_TRUE(std::isnan(so.loss));
+  EXPECT_FALSE(so.loss_non_finite());  // a NaN loss, but no update was applied
   const Tensor after = Tensor::copy_of(model.params().master_all.view(), Device::cpu());
   ASSERT_EQ(before.nbytes(), after.nbytes());
   EXPECT_EQ(std::memcmp(before.data(), after.data(), before.nbytes()), 0);
@@ -362,6 +401,95 @@ TEST(TrainErrors, RunDirectoriesAndResumeLimits) {
   o.data = test_dir("no_manifest_data");
   msg = failure(o);
   EXPECT_NE(msg.find("a directory without manifest.json"), std::string::npos) << msg;
+}
+
+// A resume with nothing to train fails before anything else happens: resumed into a directory
+// that holds another run, with --overwrite_output_dir, it leaves that run as it was.
+TEST(TrainErrors, ResumeWithNothingToTrainLeavesTheOccupiedOutAlone) {
+  TrainOptions a = small_run(test_dir("done_a"));
+  a.total_steps = 2;
+  a.recipe = Recipe::kBF16;
+  train(a);
+  TrainOptions b = small_run(test_dir("occupied_b"));
+  b.total_steps = 1;
+  b.recipe = Recipe::kBF16;
+  train(b);
+  fs::copy_file(shared_tokenizer(), b.out_dir + "/tokenizer.json");  // as a run trains one
+  const std::string b_model = file_bytes(b.out_dir + "/checkpoint/model.safetensors");
+  const std::string b_metrics = file_bytes(b.out_dir + "/metrics.jsonl");
+  const std::string b_tokenizer = file_bytes(b.out_dir + "/tokenizer.json");
+
+  TrainOptions o = b;  // a's checkpoint, at step 2, resumed into b's directory
+  o.resume = a.out_dir + "/checkpoint";
+  o.overwrite_output_dir = true;
+  o.total_steps = 2;
+  std::string msg = failure(o);
+  EXPECT_NE(msg.find("already reaches --total_steps 2"), std::string::npos) << msg;
+  o.total_steps = 4;
+  o.stop_at_step = 2;
+  msg = failure(o);
+  EXPECT_NE(msg.find("--stop_at_step 2 is not after the checkpoint's step 2"), std::string::npos)
+      << msg;
+  // (Compared as booleans: a failure need not print the files.)
+  EXPECT_TRUE(file_bytes(b.out_dir + "/checkpoint/model.safetensors") == b_model);
+  EXPECT_TRUE(file_bytes(b.out_dir + "/metrics.jsonl") == b_metrics);
+  EXPECT_TRUE(file_bytes(b.out_dir + "/tokenizer.json") == b_tokenizer);
+}
+
+// A fresh run into a directory whose run left metrics but no checkpoint: refused, with no
+// --resume to offer, and the metrics kept.
+TEST(TrainErrors, MetricsWithoutACheckpointAreARun) {
+  TrainOptions o = small_run(test_dir("metrics_only"));
+  o.total_steps = 1;
+  const std::string metrics = o.out_dir + "/metrics.jsonl";
+  std::ofstream(metrics) << "{\"step\":1,\"loss\":6.9}\n";
+  const std::string msg = failure(o);
+  EXPECT_NE(msg.find("already holds the metrics of a run that left no checkpoint"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("--overwrite_output_dir"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("--resume"), std::string::npos) << msg;
+  EXPECT_EQ(file_bytes(metrics), "{\"step\":1,\"loss\":6.9}\n");
+}
+
+// A damaged train_config in trainer.json is reported with the file and the field, not as a flag
+// the user never gave (3000000000 cast to int is negative: "--batch_size must be ≥ 1").
+TEST(TrainErrors, DamagedTrainConfigNamesTheFileAndField) {
+  TrainOptions o = small_run(test_dir("damaged"));
+  o.total_steps = 1;
+  o.recipe = Recipe::kBF16;
+  train(o);
+  const std::string trainer = o.out_dir + "/checkpoint/trainer.json";
+  const std::string original = file_bytes(trainer);
+  TrainOptions r;  // a resume that gives no flag: every setting comes from the checkpoint
+  r.resume = o.out_dir + "/checkpoint";
+  r.out_dir = o.out_dir;
+  r.data = o.data;
+  r.tokenizer = o.tokenizer;
+  r.force_cpu = true;
+  r.total_steps = 2;
+  r.sample_tokens = 0;
+  r.eval_every = 0;
+  const std::vector<std::pair<std::string, nlohmann::json>> damage = {{"batch_size", 3000000000LL},
+                                                                      {"seq_len", 1},
+                                                                      {"grad_accum_steps", "2"},
+                                                                      {"total_steps", -3},
+                                                                      {"skipped_steps", 1.5},
+                                                                      {"lr", 1e300},
+                                                                      {"beta2", 1.0}};
+  for (const auto& [field, value] : damage) {
+    nlohmann::ordered_json t = nlohmann::ordered_json::parse(original);
+    t["train_config"][field] = value;
+    std::ofstream(trainer) << t.dump(2);
+    const std::string msg = failure(r);
+    EXPECT_NE(msg.find(trainer + ": train_config." + field + " is " + value.dump()),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("the checkpoint is damaged"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("--"), std::string::npos) << msg;  // no flag blamed
+  }
+  std::ofstream(trainer) << original;  // repaired: the resume runs
+  EXPECT_EQ(train(r).steps_done, 1);
 }
 
 TEST(TrainErrors, TruncatedCheckpointAndTokenizerMismatch) {

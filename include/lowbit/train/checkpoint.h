@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,22 +66,34 @@ void save_checkpoint(const std::string& dir, const LlamaModel& model, const Chec
 // holding nothing else), for a trainer to fail before its run rather than at its first save.
 void check_checkpoint_target(const std::string& dir);
 
-// Loads checkpoint `dir` into `model`, whose config must match the checkpoint's (max_seq_len
-// may differ): master weights always; AdamW moments and delayed-scaling state when
+// A checkpoint's trainer.json, read and checked once by read_checkpoint(): what a caller needs
+// before it builds the model (its config and recipe, the step, the trainer's settings), and the
+// recorded sizes and checksums that load_checkpoint() verifies, so that it need not read the
+// file again.
+struct CheckpointInfo {
+  std::string dir;           // the checkpoint directory (without a trailing '/')
+  std::string trainer_path;  // dir/trainer.json, for messages
+  ModelConfig model_config;
+  // step, tokens, data_state_json, train_config_json, RNG, recipe and lowbit_version (no notes).
+  CheckpointState state;
+  struct Parsed;  // trainer.json as parsed (checkpoint.cpp)
+  std::shared_ptr<const Parsed> parsed;
+};
+// Reads and checks trainer.json of checkpoint `dir` (format, version, step, RNG, recipe, model
+// config, file records); UserError naming the file and what to do when it is missing or damaged.
+CheckpointInfo read_checkpoint(const std::string& dir);
+
+// Loads the checkpoint `info` describes into `model`, whose config must match the checkpoint's
+// (max_seq_len may differ): master weights always; AdamW moments and delayed-scaling state when
 // load_optimizer (otherwise the moments are reset to zero and the scaling state is kept). The
 // BF16 compute copy is refreshed (model.sync_compute_weights()). Returns the stored state,
 // with `notes` on what differs. Every check (sizes, checksums, config, tensor names, shapes and
 // dtypes) runs before the model is touched, so a damaged or mismatched checkpoint leaves it as
 // it was; tensors are then read one at a time (no second copy of the model in host memory).
+CheckpointState load_checkpoint(const CheckpointInfo& info, LlamaModel& model, bool load_optimizer);
+// read_checkpoint(dir), then the load above.
 CheckpointState load_checkpoint(const std::string& dir, LlamaModel& model, bool load_optimizer);
 
-// The recipe name stored in checkpoint `dir` ("fp8", "bf16", ...), read from trainer.json.
-std::string checkpoint_recipe(const std::string& dir);
-// The train_config JSON the trainer stored in checkpoint `dir` (batch_size, seq_len,
-// total_steps, warmup_steps, …), or "" when it stored none.
-std::string checkpoint_train_config(const std::string& dir);
-// The model config stored in checkpoint `dir` (trainer.json).
-ModelConfig checkpoint_model_config(const std::string& dir);
 // Whether `dir` holds a trainer.json (a lowbit checkpoint, as opposed to a Hugging Face model).
 bool is_checkpoint_dir(const std::string& dir);
 

@@ -2,7 +2,9 @@
 // scaling update. Shared by the trainer and `lowbit bench train`.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "lowbit/model.h"
@@ -17,18 +19,19 @@ struct MicroBatch {
 };
 
 struct StepOutcome {
-  double loss = 0;       // mean loss over the valid targets of the step
-  int64_t valid = 0;     // valid targets of the step
-  double grad_norm = 0;  // global norm before clipping
-  bool skipped = false;  // no update applied: a non-finite gradient, or no_targets
-  // The loss is not finite although the gradients are (e.g. a cross-entropy over logits at the
-  // float limit): the update was applied, and is counted as such.
-  bool loss_non_finite = false;
+  double loss = 0;         // mean loss over the valid targets of the step
+  int64_t valid = 0;       // valid targets of the step
+  double grad_norm = 0;    // global norm before clipping
+  bool skipped = false;    // no update applied: a non-finite gradient, or no_targets
   std::string non_finite;  // the first parameter whose gradient is not finite ("" if none)
   // No target of the step carries loss (every one masked, e.g. SFT records without an answer in
   // reach): nothing ran, no update (weight decay and the moments' decay included), loss NaN;
   // skipped is set too.
   bool no_targets = false;
+
+  // The loss is not finite although the gradients are (e.g. a cross-entropy over logits at the
+  // float limit): the update was applied, and is counted as such.
+  bool loss_non_finite() const { return !skipped && !std::isfinite(loss); }
 };
 
 class StepRunner {
