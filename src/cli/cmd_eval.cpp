@@ -107,13 +107,13 @@ void add_eval_command(CLI::App& app, CommandAction& action) {
   cmd->add_option("--precision", o->precision, "Recipe of the forward (default: the checkpoint's)");
   cmd->add_option("--batch_size", o->batch, "Windows per batch")
       ->capture_default_str()
-      ->check(integer_at_least(1));
+      ->check(integer_at_least(o->batch, 1));
   cmd->add_option("--seq_len", o->seq_len, "Tokens per window")
       ->capture_default_str()
-      ->check(integer_at_least(2));
+      ->check(integer_at_least(o->seq_len, 2));
   cmd->add_option("--max_tokens", o->max_tokens, "Evaluate at most this many tokens")
       ->capture_default_str()
-      ->check(integer_at_least(2));
+      ->check(integer_at_least(o->max_tokens, 2));
   cmd->add_flag("--cpu", o->cpu, "Run on the CPU even when a GPU is present");
   cmd->callback([o, &action] {
     action = [o] {
@@ -218,12 +218,14 @@ void add_generate_command(CLI::App& app, CommandAction& action) {
   CLI::App* cmd = app.add_subcommand("generate", "Sample text from a checkpoint");
   cmd->add_option("checkpoint", o->ckpt, "Checkpoint directory")->required();
   cmd->add_option("--prompt", o->prompt, "Text to continue")->capture_default_str();
-  cmd->add_option("--max_tokens", o->max_tokens, "Tokens to generate")->capture_default_str();
+  cmd->add_option("--max_tokens", o->max_tokens, "Tokens to generate")
+      ->capture_default_str()
+      ->check(integer_at_least(o->max_tokens, 0));
   cmd->add_option("--temperature", o->temperature, "Softmax temperature (0: greedy)")
       ->capture_default_str();
   cmd->add_option("--top_k", o->top_k, "Keep the k most likely tokens (0: all)")
       ->capture_default_str()
-      ->check(integer_at_least(0));
+      ->check(integer_at_least(o->top_k, 0));
   cmd->add_option("--top_p", o->top_p, "Keep the smallest set with this total probability")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();

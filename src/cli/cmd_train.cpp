@@ -117,15 +117,16 @@ void add_train_command(CLI::App& app, CommandAction& action) {
                   "the CPU)");
   cmd->add_option("--config", o.model_config,
                   "Model config file: lowbit JSON, TOML (.toml) or a Hugging Face config.json");
-  cmd->add_option("--d_model", o.d_model, "Override the model width")->check(integer_at_least(1));
+  cmd->add_option("--d_model", o.d_model, "Override the model width")
+      ->check(integer_at_least(o.d_model, 1));
   cmd->add_option("--n_layers", o.n_layers, "Override the number of blocks")
-      ->check(integer_at_least(1));
+      ->check(integer_at_least(o.n_layers, 1));
   cmd->add_option("--n_heads", o.n_heads, "Override the number of attention heads")
-      ->check(integer_at_least(1));
+      ->check(integer_at_least(o.n_heads, 1));
   cmd->add_option("--n_kv_heads", o.n_kv_heads, "Override the number of key/value heads")
-      ->check(integer_at_least(1));
+      ->check(integer_at_least(o.n_kv_heads, 1));
   cmd->add_option("--ffn_hidden", o.ffn_hidden, "Override the SwiGLU hidden width")
-      ->check(integer_at_least(1));
+      ->check(integer_at_least(o.ffn_hidden, 1));
   // Precision.
   cmd->add_option("--precision", flags->precision,
                   "Recipe: bf16, fp8, fp8-current, fp8-block, mxfp8, nvfp4 (default: $PRECISION, "
@@ -163,11 +164,11 @@ void add_train_command(CLI::App& app, CommandAction& action) {
   cmd->add_option(
          "--batch_size", o.batch_size,
          "Sequences per micro-batch (default 16 on a GPU, 8 on the CPU; --resume: the run's)")
-      ->check(integer_at_least(1));
+      ->check(integer_at_least(o.batch_size, 1));
   cmd->add_option(
          "--seq_len", o.seq_len,
          "Tokens per sequence (default 1024 on a GPU, 128 on the CPU; --resume: the run's)")
-      ->check(integer_at_least(2));
+      ->check(integer_at_least(o.seq_len, 2));
   // The optimizer flags a resume takes from the checkpoint unless they are given (by name in
   // TrainOptions::explicit_settings, filled in once the command line is parsed).
   std::vector<std::pair<CLI::Option*, const char*>> optimizer_flags;
@@ -177,10 +178,10 @@ void add_train_command(CLI::App& app, CommandAction& action) {
       "grad_accum_steps");
   cmd->add_option("--total_steps", o.total_steps,
                   "Optimizer steps (default 1000 on a GPU, 300 on the CPU; --resume: the run's)")
-      ->check(integer_at_least(0));
+      ->check(integer_at_least(o.total_steps, 0));
   cmd->add_option("--warmup_steps", o.warmup_steps,
                   "Linear warm-up steps (default 5%; --resume: the run's)")
-      ->check(integer_at_least(0));
+      ->check(integer_at_least(o.warmup_steps, 0));
   optimizer_flags.emplace_back(
       cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str(), "lr");
   optimizer_flags.emplace_back(
@@ -230,28 +231,28 @@ void add_train_command(CLI::App& app, CommandAction& action) {
                   "Checkpoint or Hugging Face model directory: weights only, step 0");
   cmd->add_option("--eval_every", o.eval_every, "Validation every N steps (0: off)")
       ->capture_default_str()
-      ->check(integer_at_least(0));
+      ->check(integer_at_least(o.eval_every, 0));
   cmd->add_option("--eval_batches", o.eval_batches, "Validation micro-batches")
       ->capture_default_str();
   cmd->add_option("--log_every", o.log_every, "Progress line every N steps")
       ->capture_default_str()
-      ->check(integer_at_least(0));
+      ->check(integer_at_least(o.log_every, 0));
   cmd->add_option("--stats_every", o.stats_every,
                   "Per-layer amax/scale and saturation/underflow counts every N steps")
       ->capture_default_str()
-      ->check(integer_at_least(0));
+      ->check(integer_at_least(o.stats_every, 0));
   cmd->add_option("--checkpoint_every", o.checkpoint_every, "Checkpoint every N steps (0: end)")
       ->capture_default_str()
-      ->check(integer_at_least(0));
+      ->check(integer_at_least(o.checkpoint_every, 0));
   cmd->add_option("--stop_at_step", o.stop_at_step,
                   "Stop and checkpoint after this step (resume later on the same schedule)")
-      ->check(integer_at_least(0));
+      ->check(integer_at_least(o.stop_at_step, 0));
   cmd->add_option("--time_limit_minutes", o.time_limit_minutes,
                   "Stop and checkpoint after this many minutes (0: no limit)")
       ->check(finite_in(0.0, 1e9));
   cmd->add_option("--sample_tokens", o.sample_tokens, "Tokens sampled after training (0: none)")
       ->capture_default_str()
-      ->check(integer_at_least(0));
+      ->check(integer_at_least(o.sample_tokens, 0));
   cmd->add_option("--sample_prompt", o.sample_prompt, "Prompt of the sample")
       ->capture_default_str();
   cmd->add_flag("--cpu", o.force_cpu, "Train on the CPU even when a GPU is present");

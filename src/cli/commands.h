@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <type_traits>
 
 #include <CLI/CLI.hpp>
 
@@ -33,8 +34,14 @@ CLI::Validator recompute_setting_validator();
 // Every integer flag uses integer_in rather than CLI::Range, whose one message ("Value 1.5 not
 // in range 1 to 10000") does not say which of the text, the bound or the size was wrong.
 CLI::Validator integer_in(int64_t lo, int64_t hi);
-inline CLI::Validator integer_at_least(int64_t lo) {
-  return integer_in(lo, std::numeric_limits<int64_t>::max());
+// An integer ≥ lo that fits the flag's variable (`var`, only its type is used): a value past the
+// type's range gets this message rather than CLI11's "Could not convert".
+template <typename T>
+CLI::Validator integer_at_least(const T& var, int64_t lo) {
+  static_assert(std::is_integral_v<T> && std::is_signed_v<T> && sizeof(T) <= sizeof(int64_t),
+                "integer_at_least: a signed integer flag of at most 64 bits");
+  (void)var;
+  return integer_in(lo, static_cast<int64_t>(std::numeric_limits<T>::max()));
 }
 CLI::Validator finite_in(double lo, double hi);
 

@@ -1,9 +1,6 @@
 // metrics.jsonl writer (include/lowbit/train/metrics.h).
 #include "lowbit/train/metrics.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -14,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "data/data_util.h"
 #include "lowbit/core/error.h"
 
 namespace lowbit {
@@ -29,36 +27,6 @@ std::optional<int64_t> record_step(const nlohmann::json& j) {
   if (it == j.end() || !it->is_number()) return std::nullopt;
   if (it->is_number_integer()) return it->get<int64_t>();
   return static_cast<int64_t>(std::floor(it->get<double>()));
-}
-
-// Rewrites `path` with `text`: a temporary file, fsynced and renamed over it.
-void replace_file(const std::string& path, const std::string& text) {
-  const std::string tmp = fmt::format("{}.tmp-{}", path, static_cast<long>(::getpid()));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  LOWBIT_USER_CHECK(fd >= 0, "{}: cannot create {} to rewrite the metrics: {}", path, tmp,
-                    errno_text());
-  const char* p = text.data();
-  size_t n = text.size();
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const std::string err = errno_text();
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw UserError(fmt::format("{}: writing {} failed: {}", path, tmp, err));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  const bool ok = ::fsync(fd) == 0;
-  const std::string err = errno_text();
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string e2 = ok ? errno_text() : err;
-    ::unlink(tmp.c_str());
-    throw UserError(fmt::format("{}: replacing the metrics file failed: {}", path, e2));
-  }
 }
 
 nlohmann::ordered_json to_json(const MetricValue& v) {
@@ -118,7 +86,8 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : pat
       kept += line;
       kept += '\n';
     }
-    if (kept.size() != text.size()) replace_file(path, kept);
+    // Rewritten atomically: a crash leaves the old file or the trimmed one, never a torn one.
+    if (kept.size() != text.size()) data::detail::write_file_atomic(path, kept);
   }
   f_ = std::fopen(path.c_str(), "ab");
   LOWBIT_USER_CHECK(f_ != nullptr,

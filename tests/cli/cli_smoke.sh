@@ -282,6 +282,16 @@ grep -q -- "--total_steps: 99999999999999999999 is above the largest allowed val
 run 2 train --cpu --total_steps -99999999999999999999
 grep -q -- "--total_steps: -99999999999999999999 is below the smallest allowed value, 0" "$tmp/err" ||
   fail "total_steps -99999999999999999999: not refused clearly"
+# An int flag: the bound is its type's, not int64's (CLI11 alone said "Could not convert").
+run 2 train --cpu --batch_size 3000000000
+grep -q -- "--batch_size: 3000000000 is above the largest allowed value, 2147483647" "$tmp/err" ||
+  fail "batch_size 3000000000: not refused clearly"
+run 2 generate "$tmp" --top_k 2147483648
+grep -q -- "--top_k: 2147483648 is above the largest allowed value, 2147483647" "$tmp/err" ||
+  fail "generate --top_k 2147483648: not refused clearly"
+run 2 generate "$tmp" --max_tokens 3000000000
+grep -q -- "--max_tokens: 3000000000 is above the largest allowed value, 2147483647" "$tmp/err" ||
+  fail "generate --max_tokens 3000000000: not refused clearly"
 run 2 bench gemm --iters 10001
 grep -q -- "--iters: 10001 is above the largest allowed value, 10000" "$tmp/err" ||
   fail "bench gemm --iters 10001: not refused clearly"
