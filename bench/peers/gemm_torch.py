@@ -21,9 +21,15 @@ Modes:
 FLOPs = 2*M*N*K for every role; TFLOP/s = FLOPs / median time. ratio_bf16 = TFLOP/s over the
 bf16 TFLOP/s of the same layer and role.
 
-Timing: CUDA events around each call after warm-up calls; by default a GPU sleep kernel is
-queued first so that the host enqueues the timed calls ahead of the GPU and the events measure
-device time, not Python launch latency. The median (and minimum) are reported.
+Timing (--timing): `queued` (default): CUDA events around each call after warm-up calls; a GPU
+sleep kernel is queued first so that the host enqueues the timed calls ahead of the GPU and the
+events measure device time, not Python launch latency. `burst`: the method of `lowbit bench
+gemm` — rounds of back-to-back calls (a burst of about 1 ms, its length from the warm-up speed)
+between two events, one call's time being the burst's over its length; the GPU runs the sweep
+without idling, at the clocks it sustains (after the idle sleep of `queued` an H100 runs its first
+calls at clocks it cannot hold under FP8 / BF16 load, which made the two benches differ by up to
+18 %). A burst is preceded by a sleep only where Python's launch time per call reaches half the
+call's GPU time. The median (and minimum) are reported.
 
 Every case (layer, role, mode) runs under its own error handling: an unsupported dtype pair,
 an OOM or any other failure is recorded in the case's `error` field and the run goes on.
@@ -40,6 +46,7 @@ import argparse
 import datetime
 import gc
 import json
+import math
 import platform
 import statistics
 import sys
@@ -171,6 +178,38 @@ def time_calls(call, device, warmup, iters, cycles_per_ms):
     return statistics.median(times), min(times)
 
 
+def time_bursts(call, device, warmup, iters, cycles_per_ms):
+    """Returns (median ms, min ms) of one call of call(), timed as `lowbit bench gemm` times:
+    `iters` bursts of back-to-back calls between two events, each about 1 ms long."""
+    call()
+    sync(device)
+    w = max(warmup, 1)
+    t0 = time.perf_counter()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(w):
+        call()
+    end.record()
+    host_per_call = (time.perf_counter() - t0) / w
+    sync(device)
+    est_ms = max(start.elapsed_time(end) / w, 1e-4)
+    burst = min(max(math.ceil(1.0 / est_ms), 1), 64)
+    # Launch-bound calls (Python slower than the GPU): let the host queue the burst first.
+    sleep_ms = 1.5 * host_per_call * 1e3 * burst + 0.05
+    queue_first = cycles_per_ms and host_per_call * 1e3 >= 0.5 * est_ms
+    times = []
+    for _ in range(iters):
+        if queue_first:
+            torch.cuda._sleep(int(min(sleep_ms, 500.0) * cycles_per_ms))
+        start.record()
+        for _ in range(burst):
+            call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / burst)
+    return statistics.median(times), min(times)
+
+
 def quantize_fp8(x, dtype, fmax):
     """Per-tensor current scaling: (fp8 tensor, scale_inv as a 0-d fp32 tensor)."""
     amax = x.abs().amax().float()
@@ -255,6 +294,9 @@ def build_parser():
                    help="JSON lines file; '-' writes them to stdout and the table to stderr")
     p.add_argument("--launch-overhead", choices=("hide", "include"), default="hide",
                    help="hide (default): queue a GPU sleep before the timed calls")
+    p.add_argument("--timing", choices=("queued", "burst"), default="queued",
+                   help="queued (default): a GPU sleep, then events around each call; burst: "
+                        "lowbit bench gemm's ~1 ms bursts of back-to-back calls")
     return p
 
 
@@ -290,7 +332,11 @@ def main(argv=None):
     print(f"gemm_torch on {meta['device']} (torch {meta['torch']}, CUDA {meta['cuda']})",
           file=table)
     cycles = sleep_cycles_per_ms(device) if args.launch_overhead == "hide" else None
-    timing = "queued" if cycles else "per-call"
+    timing = "burst" if args.timing == "burst" else ("queued" if cycles else "per-call")
+    if args.timing == "burst" and device.type != "cuda":
+        print("error: --timing burst needs a CUDA device", file=sys.stderr)
+        return 2
+    timer = time_bursts if args.timing == "burst" else time_calls
     failures = 0
 
     for li, (name, m, n, k) in enumerate(shapes):
@@ -311,7 +357,7 @@ def main(argv=None):
                 if layer is not None:
                     try:
                         call, rec["op"] = make_call(layer, role, mode, args.fast_accum)
-                        ms, ms_min = time_calls(call, device, warmup, iters, cycles)
+                        ms, ms_min = timer(call, device, warmup, iters, cycles)
                         rec.update(ms=ms, ms_min=ms_min, tflops=flops / ms / 1e9)
                         if mode == "bf16":
                             bf16_ms[role] = ms

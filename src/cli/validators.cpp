@@ -12,7 +12,7 @@ namespace lowbit::cli {
 
 CLI::Validator integer_in(int64_t lo, int64_t hi) {
   const std::string description = hi == std::numeric_limits<int64_t>::max()
-                                      ? fmt::format("INT ≥ {}", lo)
+                                      ? fmt::format("INT >= {}", lo)
                                       : fmt::format("INT in [{}, {}]", lo, hi);
   return CLI::Validator(
       [lo, hi](std::string& s) -> std::string {
