@@ -84,6 +84,15 @@ TrainOptions small_run(const std::string& out) {
   return o;
 }
 
+// A finished BF16 run of `steps` steps in test_dir(name), as the run-directory tests start from.
+TrainOptions trained_run(const std::string& name, int64_t steps) {
+  TrainOptions o = small_run(test_dir(name));
+  o.total_steps = steps;
+  o.recipe = Recipe::kBF16;
+  train(o);
+  return o;
+}
+
 std::vector<double> losses(const std::string& metrics_path) {
   std::ifstream in(metrics_path);
   std::vector<double> out;
@@ -340,14 +349,8 @@ TEST(TrainErrors, BadInputIsAClearError) {
 // Run directories: a run is not overwritten by another unless asked (then it is cleared first),
 // a resumed run keeps its own schedule, and a resume with nothing to train says so.
 TEST(TrainErrors, RunDirectoriesAndResumeLimits) {
-  TrainOptions a = small_run(test_dir("dir_a"));
-  a.total_steps = 2;
-  a.recipe = Recipe::kBF16;
-  train(a);
-  TrainOptions b = small_run(test_dir("dir_b"));
-  b.total_steps = 1;
-  b.recipe = Recipe::kBF16;
-  train(b);
+  const TrainOptions a = trained_run("dir_a", 2);
+  const TrainOptions b = trained_run("dir_b", 1);
   const std::string a_model = file_bytes(a.out_dir + "/checkpoint/model.safetensors");
 
   TrainOptions o = a;  // a fresh run into a's directory
@@ -406,14 +409,8 @@ TEST(TrainErrors, RunDirectoriesAndResumeLimits) {
 // A resume with nothing to train fails before anything else happens: resumed into a directory
 // that holds another run, with --overwrite_output_dir, it leaves that run as it was.
 TEST(TrainErrors, ResumeWithNothingToTrainLeavesTheOccupiedOutAlone) {
-  TrainOptions a = small_run(test_dir("done_a"));
-  a.total_steps = 2;
-  a.recipe = Recipe::kBF16;
-  train(a);
-  TrainOptions b = small_run(test_dir("occupied_b"));
-  b.total_steps = 1;
-  b.recipe = Recipe::kBF16;
-  train(b);
+  const TrainOptions a = trained_run("done_a", 2);
+  const TrainOptions b = trained_run("occupied_b", 1);
   fs::copy_file(shared_tokenizer(), b.out_dir + "/tokenizer.json");  // as a run trains one
   const std::string b_model = file_bytes(b.out_dir + "/checkpoint/model.safetensors");
   const std::string b_metrics = file_bytes(b.out_dir + "/metrics.jsonl");
