@@ -387,6 +387,9 @@ grep -q "its tokenizer is kept (--tokenizer names it)" "$tmp/out" ||
 run 2 bench train --presets tiny --recipes bf16 --steps 1 --warmup 1 --json-out "$tmp/no/t.jsonl"
 grep -q -- "--json-out $tmp/no/t.jsonl: $tmp/no is not a writable directory" "$tmp/err" ||
   fail "bench train --json-out into a missing directory: unclear error"
+run 2 bench train --presets tiny --recipes bf16 --steps 1 --warmup 1 --json-out "$tmp"
+grep -q -- "--json-out $tmp: is a directory; give a file" "$tmp/err" ||
+  fail "bench train --json-out naming a directory: unclear error"
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   run 0 bench train --presets tiny --recipes bf16 --steps 1 --warmup 1 --json-out "$tmp/t.jsonl"
   python3 - "$tmp/t.jsonl" <<'EOF' || fail "bench train --json-out: not one JSON row"
