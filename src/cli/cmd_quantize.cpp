@@ -1,8 +1,11 @@
 // `lowbit quantize IN OUT --recipe R`: converts the rank-2 floating tensors of a safetensors
 // checkpoint to a low-precision recipe's payload and scales (docs/quantized-checkpoints.md).
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -131,6 +134,52 @@ int64_t file_size(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
 }
 
+// What the non-finite values of `src` cost its finite ones: an inf enters the amax of its scale
+// block (and of the tensor, for per-tensor and NVFP4 scales), whose scale can then flush the
+// block's finite values to 0, turn them into NaN or round them more coarsely. Measured against a
+// quantization of `src` with its non-finite values set to 0, among the finite values whose
+// dequantized value differs from that one: `lost` counts those that dequantize to 0 (from a
+// non-zero source) or NaN / inf in `dq`, `changed` the others.
+struct NonfiniteCost {
+  int64_t lost = 0, changed = 0;
+};
+NonfiniteCost nonfinite_cost(Context& ctx, const std::vector<float>& src, int64_t m, int64_t k,
+                             const QuantConfig& cfg, const float* dq) {
+  std::vector<float> clean(src);
+  for (float& v : clean) {
+    if (!std::isfinite(v)) v = 0.0f;
+  }
+  QuantizedTensor qc;
+  quantize(ctx, TensorView(clean.data(), DType::kF32, Shape{m, k}, Device::cpu()), cfg, qc);
+  const Tensor dc = dequantize(qc, Usage::kRowwise);
+  const float* cp = dc.ptr<float>();
+  const auto gone = [](float x, float d) { return !std::isfinite(d) || (d == 0.0f && x != 0.0f); };
+  NonfiniteCost cost;
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (!std::isfinite(src[i]) || dq[i] == cp[i] || (std::isnan(dq[i]) && std::isnan(cp[i]))) {
+      continue;
+    }
+    ++(gone(src[i], dq[i]) ? cost.lost : cost.changed);
+  }
+  return cost;
+}
+
+// OUT's directory must exist and take a new file: checked before the conversion, which can take
+// minutes, rather than when the output is written.
+void check_out_dir(const std::string& out_path) {
+  const std::filesystem::path parent = std::filesystem::path(out_path).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(dir, ec);
+  LOWBIT_USER_CHECK(exists, "{}: cannot create the output file: the directory {} does not exist",
+                    out_path, dir);
+  LOWBIT_USER_CHECK(std::filesystem::is_directory(dir, ec),
+                    "{}: cannot create the output file: {} is not a directory", out_path, dir);
+  LOWBIT_USER_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0,
+                    "{}: cannot create the output file: the directory {} is not writable ({})",
+                    out_path, dir, std::strerror(errno));
+}
+
 int run_quantize(const std::string& in_path, const std::string& out_path,
                  const std::string& recipe_name) {
   const QuantRecipe recipe = make_recipe(recipe_name);
@@ -146,8 +195,20 @@ int run_quantize(const std::string& in_path, const std::string& out_path,
                       "the output file name is empty: give OUT, the path of the file to write");
     LOWBIT_USER_CHECK(out_path.back() != '/' && !std::filesystem::is_directory(out_path, ec),
                       "{}: OUT is a directory; give the path of the file to write", out_path);
+    check_out_dir(out_path);
   }
   const data::SafeTensorsFile in = data::read_safetensors(in_path);
+  {
+    // An output of this command holds payloads and scales, not weights: quantizing it again
+    // would read E4M3 codes and scales as numbers (or copy U8 codes as they are).
+    const auto recipe_it = in.metadata.find("quantization");
+    const auto format_it = in.metadata.find("format");
+    LOWBIT_USER_CHECK(recipe_it == in.metadata.end() &&
+                          (format_it == in.metadata.end() || format_it->second != "lowbit"),
+                      "{}: the file is already quantized (with recipe '{}'); quantize the "
+                      "original full-precision checkpoint instead",
+                      in_path, recipe_it != in.metadata.end() ? recipe_it->second : "unknown");
+  }
   const int64_t in_bytes = file_size(in_path);
   Context ctx(Device::cpu());
 
@@ -176,8 +237,8 @@ int run_quantize(const std::string& in_path, const std::string& out_path,
                                : recipe.m_multiple > 1
                                    ? fmt::format("M and K multiples of {}", recipe.k_multiple)
                                    : fmt::format("K a multiple of {}", recipe.k_multiple);
-      std::printf("note: %s [%lld, %lld] copied unchanged: %s needs %s\n", name.c_str(),
-                  static_cast<long long>(m), static_cast<long long>(k), recipe.name, need.c_str());
+      std::fprintf(stderr, "note: %s [%lld, %lld] copied unchanged: %s needs %s\n", name.c_str(),
+                   static_cast<long long>(m), static_cast<long long>(k), recipe.name, need.c_str());
       put(name, t);
       ++copied;
       continue;
@@ -199,8 +260,8 @@ int run_quantize(const std::string& in_path, const std::string& out_path,
     try {
       quantize(ctx, x, recipe.cfg, q);
     } catch (const UserError& e) {
-      std::printf("note: %s [%lld, %lld] copied unchanged: %s\n", name.c_str(),
-                  static_cast<long long>(m), static_cast<long long>(k), e.what());
+      std::fprintf(stderr, "note: %s [%lld, %lld] copied unchanged: %s\n", name.c_str(),
+                   static_cast<long long>(m), static_cast<long long>(k), e.what());
       put(name, t);
       ++copied;
       continue;
@@ -247,14 +308,14 @@ int run_quantize(const std::string& in_path, const std::string& out_path,
     const Tensor d = dequantize(q, Usage::kRowwise);
     const float* dp = d.ptr<float>();
     double num = 0.0, den = 0.0;
-    int64_t nonfinite_src = 0, lost = 0;
+    int64_t nonfinite_src = 0, to_nonfinite = 0;
     for (size_t i = 0; i < src.size(); ++i) {
       if (!std::isfinite(src[i])) {
         ++nonfinite_src;
         continue;
       }
       if (!std::isfinite(dp[i])) {
-        ++lost;
+        ++to_nonfinite;
         continue;
       }
       const double diff = static_cast<double>(dp[i]) - src[i];
@@ -262,16 +323,26 @@ int run_quantize(const std::string& in_path, const std::string& out_path,
       den += static_cast<double>(src[i]) * src[i];
     }
     double err = den > 0.0 ? std::sqrt(num / den) : (num > 0.0 ? INFINITY : 0.0);
-    if (lost > 0) err = INFINITY;
-    if (nonfinite_src > 0 || lost > 0) {
-      std::printf(
-          "warning: %s [%lld, %lld]: %lld non-finite source values (kept as NaN / inf); "
-          "%lld finite values dequantize to NaN / inf (%s)\n",
-          name.c_str(), static_cast<long long>(m), static_cast<long long>(k),
-          static_cast<long long>(nonfinite_src), static_cast<long long>(lost),
-          lost > 0 ? "an inf in the tensor or values near the float limit: its scales "
-                     "overflow; check the source weights"
-                   : "the finite values are unaffected");
+    if (to_nonfinite > 0) err = INFINITY;
+    if (nonfinite_src > 0) {
+      const NonfiniteCost c = nonfinite_cost(ctx, src, m, k, recipe.cfg, dp);
+      const std::string cost =
+          c.lost > 0 || c.changed > 0
+              ? fmt::format(
+                    "of the finite values sharing a scale with them, {} are lost (they "
+                    "dequantize to 0 or NaN / inf) and {} come back otherwise changed; "
+                    "check the source weights",
+                    c.lost, c.changed)
+              : "the finite values sharing a scale with them are unaffected";
+      std::fprintf(stderr, "warning: %s [%lld, %lld]: %lld non-finite source values; %s\n",
+                   name.c_str(), static_cast<long long>(m), static_cast<long long>(k),
+                   static_cast<long long>(nonfinite_src), cost.c_str());
+    } else if (to_nonfinite > 0) {
+      std::fprintf(stderr,
+                   "warning: %s [%lld, %lld]: %lld finite values dequantize to NaN / inf (values "
+                   "near the float limit: their scales overflow); check the source weights\n",
+                   name.c_str(), static_cast<long long>(m), static_cast<long long>(k),
+                   static_cast<long long>(to_nonfinite));
     }
     if (converted == 0 || err > max_err) {
       max_err = err;
@@ -281,7 +352,11 @@ int run_quantize(const std::string& in_path, const std::string& out_path,
     ++converted;
   }
 
-  out.metadata = in.metadata;
+  // The input's own keys are kept, but not `layout.*`: those describe this command's output, and
+  // only the ones written below may appear there.
+  for (const auto& [key, value] : in.metadata) {
+    if (key.rfind("layout.", 0) != 0) out.metadata[key] = value;
+  }
   out.metadata["quantization"] = recipe_name;
   out.metadata["format"] = "lowbit";
   out.metadata["version"] = "1";

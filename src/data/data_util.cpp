@@ -13,6 +13,13 @@
 
 namespace lowbit::data::detail {
 
+namespace {
+
+// Names write_file_atomic tries for its temporary file before giving up.
+constexpr int kMaxTempAttempts = 100;
+
+}  // namespace
+
 uint64_t hash64(const void* data, size_t n, uint64_t seed) {
   const auto* p = static_cast<const uint8_t*>(data);
   uint64_t h = mix64(seed ^ 0x9E3779B97F4A7C15ull);
@@ -60,8 +67,22 @@ void write_file_atomic(const std::string& path, const Piece* pieces, size_t n_pi
   // Named up front: an empty path otherwise fails at the rename with a message about the
   // temporary file. (A directory in the way fails at the rename, which removes the temporary.)
   LOWBIT_USER_CHECK(!path.empty(), "the output file name is empty: give a file path");
-  const std::string tmp = fmt::format("{}.tmp-{}", path, static_cast<long>(::getpid()));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // The new file replaces an existing one with that file's permission bits (a private file stays
+  // private), set before any byte is written; a new name gets the umask's mode.
+  struct stat old_st {};
+  const bool keep_mode = ::stat(path.c_str(), &old_st) == 0 && S_ISREG(old_st.st_mode);
+  const mode_t mode = keep_mode ? (old_st.st_mode & 0777) : 0666;
+  // O_EXCL (which also refuses a symlink, even a dangling one) and O_NOFOLLOW: a file or link
+  // already at the temporary name is never written through; another name is tried instead.
+  const long pid = static_cast<long>(::getpid());
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0;; ++attempt) {
+    tmp = attempt == 0 ? fmt::format("{}.tmp-{}", path, pid)
+                       : fmt::format("{}.tmp-{}-{}", path, pid, attempt);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd >= 0 || errno != EEXIST || attempt == kMaxTempAttempts) break;
+  }
   LOWBIT_USER_CHECK(fd >= 0,
                     "{}: cannot create the temporary file {}: {} (does the directory exist "
                     "and is it writable?)",
@@ -72,6 +93,8 @@ void write_file_atomic(const std::string& path, const Piece* pieces, size_t n_pi
     ::unlink(tmp.c_str());
     throw UserError(fmt::format("{}: {} failed: {}", path, what, err));
   };
+  // open() applied the umask to `mode`: give the replacement the old file's bits exactly.
+  if (keep_mode && ::fchmod(fd, mode) != 0) fail(fmt::format("setting the permissions of {}", tmp));
   for (size_t k = 0; k < n_pieces; ++k) {
     const char* c = static_cast<const char*>(pieces[k].data);
     size_t n = pieces[k].size;

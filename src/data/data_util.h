@@ -57,9 +57,11 @@ struct Piece {
   size_t size;
 };
 
-// Writes the pieces, in order, to `path.tmp-<pid>`, fsyncs it and renames it onto `path` (then
-// fsyncs the directory, best effort). On failure the temporary file is removed, `path` is left as
-// it was, and UserError says what failed.
+// Writes the pieces, in order, to a new file `path.tmp-<pid>` (`path.tmp-<pid>-<n>` when that name
+// is taken: an existing file or link there is never opened), fsyncs it and renames it onto `path`
+// (then fsyncs the directory, best effort). A replaced `path` keeps its permission bits; a new one
+// gets 0666 less the umask. On failure the temporary file is removed, `path` is left as it was,
+// and UserError says what failed.
 void write_file_atomic(const std::string& path, const Piece* pieces, size_t n_pieces);
 inline void write_file_atomic(const std::string& path, std::string_view content) {
   const Piece p{content.data(), content.size()};

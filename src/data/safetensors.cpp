@@ -73,6 +73,18 @@ std::string safetensors_dtype_name(DType t) {
   return "U8";
 }
 
+void check_safetensors_header_text(std::string_view header, const std::string& path) {
+  // nlohmann's parser takes a NUL byte for the end of its input, so whatever follows one would
+  // pass unread. JSON text has no raw NUL (not even inside strings): the header is damaged.
+  // (Other trailing bytes are the parser's own error; it accepts JSON whitespace, as the
+  // reference implementation's serde_json does.)
+  const size_t nul = header.find('\0');
+  LOWBIT_USER_CHECK(nul == std::string_view::npos,
+                    "{}: the header holds a NUL byte at offset {}: only spaces may follow its "
+                    "JSON text; the file is damaged or not a safetensors file",
+                    path, nul);
+}
+
 void check_safetensors_spans(std::vector<SafeTensorsSpan>& spans, uint64_t buffer_size,
                              const std::string& path) {
   std::sort(spans.begin(), spans.end(), [](const SafeTensorsSpan& a, const SafeTensorsSpan& b) {
@@ -126,6 +138,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
   in.read(header.data(), static_cast<std::streamsize>(header_len));
   LOWBIT_USER_CHECK(in.good(), "{}: cannot read the {}-byte header", path, header_len);
 
+  check_safetensors_header_text(header, path);
   nlohmann::json j;
   try {
     j = parse_json_limited(header, path, /*unique_top_level_keys=*/true);

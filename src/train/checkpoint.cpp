@@ -804,6 +804,7 @@ class StReader {
     read_at(header.data(), header_len, 8);
     data_start_ = 8 + header_len;
     const uint64_t buffer = file_size - data_start_;
+    data::check_safetensors_header_text(header, path_);
     nlohmann::json j;
     try {
       j = parse_json_limited(header, path_, /*unique_top_level_keys=*/true);

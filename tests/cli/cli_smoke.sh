@@ -148,7 +148,7 @@ def bf16(x):
     return struct.pack("<H", struct.unpack("<I", struct.pack("<f", x))[0] >> 16)
 w = b"".join(bf16(math.sin(i * 0.37) * (1 + i % 7)) for i in range(64 * 64))
 n = struct.pack("<64f", *[1.0 + i / 64 for i in range(64)])
-header = {"__metadata__": {"format": "pt"},
+header = {"__metadata__": {"format": "pt", "layout.stale": "from another tool"},
           "layers.0.norm.weight": {"dtype": "F32", "shape": [64], "data_offsets": [0, len(n)]},
           "layers.0.w": {"dtype": "BF16", "shape": [64, 64],
                          "data_offsets": [len(n), len(n) + len(w)]}}
@@ -169,6 +169,10 @@ h = json.loads(data[8:8 + n])
 meta = h.pop("__metadata__")
 assert meta["quantization"] == recipe, meta
 assert meta["format"] == "lowbit" and meta["version"] == "1", meta
+layout = {"layout.data", "layout.scale", "layout.copied"}
+if recipe == "nvfp4":
+    layout.add("layout.scale_2")
+assert {k for k in meta if k.startswith("layout.")} == layout, meta
 want = {"layers.0.norm.weight": ("F32", [64]), "layers.0.w_scale": ("F32", [1])}
 if recipe == "nvfp4":
     want.update({"layers.0.w": ("U8", [64, 32]), "layers.0.w_scale": ("F8_E4M3", [64, 4]),
@@ -188,6 +192,11 @@ check_quantized "$tmp/nvfp4.safetensors" nvfp4 || fail "quantize --recipe nvfp4:
 run 0 quantize "$tmp/in.safetensors" "$tmp/fp8.safetensors" --recipe fp8
 check_quantized "$tmp/fp8.safetensors" fp8 || fail "quantize --recipe fp8: unexpected output"
 if ls "$tmp" | grep -q "tmp-"; then fail "quantize left a temporary file behind"; fi
+# A quantize output is not quantized again (its codes and scales would be read as weights).
+run 2 quantize "$tmp/nvfp4.safetensors" "$tmp/t.safetensors" --recipe fp8
+grep -q "already quantized (with recipe 'nvfp4'); quantize the original" "$tmp/err" ||
+  fail "quantize of a quantized file: not refused clearly"
+[[ ! -e $tmp/t.safetensors ]] || fail "quantize of a quantized file: an output file was written"
 
 head -c 200 "$tmp/in.safetensors" >"$tmp/trunc.safetensors"
 run 2 quantize "$tmp/trunc.safetensors" "$tmp/t.safetensors" --recipe nvfp4
@@ -206,21 +215,43 @@ run 2 quantize "$tmp" "$tmp/t.safetensors" --recipe mxfp8
 grep -q "is a directory, not a safetensors file" "$tmp/err" || fail "quantize of a directory: unclear"
 run 2 quantize "$tmp/in.safetensors" "" --recipe mxfp8
 grep -q "output file name is empty" "$tmp/err" || fail "quantize to an empty OUT: unclear error"
-# A weight holding an inf: converted, with a warning that its block scales overflow.
-python3 - "$tmp/inf.safetensors" <<'EOF' || fail "cannot write the inf safetensors file"
+# OUT's directory is checked before the conversion, not when the output is written.
+run 2 quantize "$tmp/in.safetensors" "$tmp/no/such/t.safetensors" --recipe mxfp8
+grep -q "the directory $tmp/no/such does not exist" "$tmp/err" ||
+  fail "quantize into a missing directory: unclear error"
+run 2 quantize "$tmp/in.safetensors" "$tmp/in.copy/t.safetensors" --recipe mxfp8
+grep -q "$tmp/in.copy is not a directory" "$tmp/err" || fail "quantize under a file: unclear error"
+# Weights holding an inf or a NaN: converted, with a warning on stderr that counts the finite
+# values the inf costs (its scale overflows: the tensor's for nvfp4, one 1x32 block's for mxfp8);
+# a NaN does not enter the scales. A tensor the recipe cannot take gets a note on stderr.
+python3 - "$tmp" <<'EOF' || fail "cannot write the inf / NaN safetensors files"
 import struct, sys
-v = [0.5] * 1024
-v[3] = float("inf")
-data = struct.pack("<1024f", *v)
-h = ('{"w":{"dtype":"F32","shape":[32,32],"data_offsets":[0,%d]}}' % len(data)).encode()
-h += b" " * (-len(h) % 8)
-open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + data)
+def write(name, special):
+    v = [0.5] * 1024
+    v[3] = special
+    data = struct.pack("<1024f", *v)
+    h = ('{"w":{"dtype":"F32","shape":[32,32],"data_offsets":[0,%d]},'
+         '"x":{"dtype":"F32","shape":[2,8],"data_offsets":[%d,%d]}}'
+         % (len(data), len(data), len(data) + 64)).encode()
+    h += b" " * (-len(h) % 8)
+    open(f"{sys.argv[1]}/{name}", "wb").write(struct.pack("<Q", len(h)) + h + data + bytes(64))
+write("inf.safetensors", float("inf"))
+write("nan.safetensors", float("nan"))
 EOF
+lost="of the finite values sharing a scale with them"
 run 0 quantize "$tmp/inf.safetensors" "$tmp/inf_nvfp4.safetensors" --recipe nvfp4
-grep -q "warning: w \[32, 32\]: 1 non-finite source values" "$tmp/out" ||
-  fail "quantize of a weight with an inf: no warning"
-grep -q "1023 finite values dequantize to NaN / inf" "$tmp/out" ||
-  fail "quantize of a weight with an inf: the lost values are not counted"
+grep -q "warning: w \[32, 32\]: 1 non-finite source values; $lost, 1023 are lost" "$tmp/err" ||
+  fail "quantize nvfp4 of a weight with an inf: the lost values are not counted"
+run 0 quantize "$tmp/inf.safetensors" "$tmp/inf_mxfp8.safetensors" --recipe mxfp8
+grep -q "warning: w \[32, 32\]: 1 non-finite source values; $lost, 31 are lost" "$tmp/err" ||
+  fail "quantize mxfp8 of a weight with an inf: the lost values are not counted"
+grep -q "note: x \[2, 8\] copied unchanged: mxfp8 needs K a multiple of 32" "$tmp/err" ||
+  fail "quantize mxfp8 of a [2, 8] tensor: no note on stderr"
+if grep -q "warning:\|note:" "$tmp/out"; then fail "quantize: a note or warning on stdout"; fi
+grep -q "1 converted, 1 copied" "$tmp/out" || fail "quantize mxfp8 of inf.safetensors: no summary"
+run 0 quantize "$tmp/nan.safetensors" "$tmp/nan_mxfp8.safetensors" --recipe mxfp8
+grep -q "1 non-finite source values; the finite values sharing a scale with them are unaffected" \
+  "$tmp/err" || fail "quantize mxfp8 of a weight with a NaN: no warning, or one claiming losses"
 
 run 2 bogus-command
 grep -q "error:" "$tmp/err" || fail "unknown command: no 'error:' line"

@@ -162,6 +162,16 @@ TEST_F(SafetensorsTest, HolesTrailingBytesAndRepeatedNamesAreErrors) {
                     "the key 'a' appears twice");
 }
 
+// The JSON parser stops at a NUL byte: what follows one would be accepted unread. Only the
+// padding spaces may follow the JSON text.
+TEST_F(SafetensorsTest, BytesAfterTheJsonTextAreErrors) {
+  const std::string entry = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})";
+  EXPECT_READ_ERROR(write_raw(entry + std::string("\0garbage", 8), "ab"), "NUL byte at offset 53");
+  EXPECT_READ_ERROR(write_raw(entry + std::string("\0      ", 8), "ab"), "only spaces may follow");
+  EXPECT_READ_ERROR(write_raw(entry + "  x", "ab"), "not valid JSON");
+  EXPECT_EQ(read_safetensors(write_raw(entry + "      ", "ab")).tensors.at("a").data.size(), 2u);
+}
+
 TEST_F(SafetensorsTest, UnknownDtype) {
   EXPECT_READ_ERROR(write_raw(R"({"w":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", "x"),
                     "unknown dtype 'Q7'");

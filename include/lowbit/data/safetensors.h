@@ -47,6 +47,11 @@ std::string safetensors_dtype_name(DType t);
 // UserError naming the file and what is wrong.
 SafeTensorsFile read_safetensors(const std::string& path);
 
+// The header's JSON text may be followed only by the spaces that pad it; a NUL byte (where
+// the JSON parser would stop reading) is a UserError naming `path`. (read_safetensors and the
+// checkpoint reader both check their headers with it, before parsing.)
+void check_safetensors_header_text(std::string_view header, const std::string& path);
+
 // The data_offsets [begin, end) of a file's tensors: the format indexes its whole buffer, so they
 // must tile [0, buffer_size) — no overlap, no bytes between tensors, none after the last one (a
 // file with holes is damaged, or something else wearing a safetensors header). Sorts `spans`;
@@ -60,8 +65,9 @@ void check_safetensors_spans(std::vector<SafeTensorsSpan>& spans, uint64_t buffe
                              const std::string& path);
 
 // Writes `f` to `path`: tensors in sorted-name order, header padded with spaces to a multiple
-// of 8 bytes. The bytes go to `path.tmp-<pid>`, which is fsynced and renamed onto `path`; on any
-// failure the temporary file is removed and `path` is left as it was. Throws UserError.
+// of 8 bytes. The bytes go to a new temporary file `path.tmp-<pid>` (another name when that one
+// exists), which is fsynced and renamed onto `path` (a replaced `path` keeps its permissions); on
+// any failure the temporary file is removed and `path` is left as it was. Throws UserError.
 void write_safetensors(const std::string& path, const SafeTensorsFile& f);
 
 }  // namespace lowbit::data
