@@ -339,12 +339,13 @@ void add_bench_command(CLI::App& app, CommandAction& action) {
   auto g = std::make_shared<GemmOpts>();
   CLI::App* gemm_cmd = bench->add_subcommand(
       "gemm",
-      "TFLOP/s of gemm() per mode on square shapes and the fprop/dgrad/wgrad GEMMs of the model "
-      "presets, with raw cuBLASLt measured alongside");
+      "TFLOP/s of gemm() per mode on square shapes and the fprop/dgrad/wgrad GEMMs of layer "
+      "sets, with raw cuBLASLt measured alongside");
   gemm_cmd
       ->add_option("--shapes", g->shapes,
-                   "Comma-separated MxNxK layers (M tokens, N out, K in) or presets: 124m, 1b, "
-                   "8b, square (4096^3, 8192^3)")
+                   "Comma-separated MxNxK layers (M tokens, N out, K in) or layer sets: 124m, 1b "
+                   "(GPT-style layers, not the train presets), 8b (Llama-3-8B), square (4096^3, "
+                   "8192^3)")
       ->capture_default_str();
   gemm_cmd
       ->add_option("--modes", g->modes, "Comma-separated modes: bf16, fp8, fp8-block, mxfp8, nvfp4")
