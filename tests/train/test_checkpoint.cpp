@@ -361,6 +361,21 @@ TEST_F(CheckpointTest, DamagedFilesAreClearErrors) {
   restore();
   copy_tensor(b.arena().master_all, before);
 
+  // A NUL byte inside the header, consistent checksums (the JSON parser would stop there and
+  // read no further).
+  {
+    std::fstream f(dir + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_len = 0;
+    f.read(reinterpret_cast<char*>(&header_len), 8);
+    f.seekp(static_cast<std::streamoff>(8 + header_len - 1));
+    f.put('\0');
+  }
+  reseal(dir, "model.safetensors");
+  msg = user_error([&] { load_checkpoint(dir, *b.model, true); });
+  EXPECT_HAS(msg, "model.safetensors");
+  EXPECT_HAS(msg, "NUL byte");
+  restore();
+
   // Missing file.
   fs::remove(dir + "/optimizer.safetensors");
   msg = user_error([&] { load_checkpoint(dir, *b.model, true); });
